@@ -1,0 +1,9 @@
+"""The only package that touches tf.distribute: targets, collectives, optimizer, input."""
+
+from expframe.replicator.collectives import all_gather, all_reduce, broadcast, num_replicas, replica_id
+from expframe.replicator.optimizer import ReplicatedOptimizer, wrap_optimizer
+from expframe.replicator.replicator import Replicator
+from expframe.replicator.targets import TARGETS, split_cpu
+
+__all__ = ["Replicator", "ReplicatedOptimizer", "wrap_optimizer", "all_reduce", "broadcast",
+           "all_gather", "replica_id", "num_replicas", "split_cpu", "TARGETS"]

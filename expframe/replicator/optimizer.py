@@ -1,0 +1,229 @@
+"""A Keras 3 optimizer wrapper that aggregates gradients across replicas correctly.
+
+What it fixes (TF 2.21 / Keras 3.15, MirroredStrategy, custom loops):
+  * Keras' `apply_gradients` in replica context SUMS gradients over replicas. A
+    per-replica loss written as a mean must be AVERAGED to match one device on the
+    global batch. The wrapper does one (packed) cross-replica mean itself and turns
+    Keras' own reduction off for its optimizer, so gradients are aggregated once.
+  * Clipping by global norm must see the global gradient: it happens after the
+    cross-replica mean (clipping per replica first gives a different update).
+  * Slot variables created lazily inside the first traced step fail ("You must feed
+    a value for placeholder tensor"). The wrapper builds the optimizer on first use
+    by stepping out to cross-replica context (merge_call) and eager mode (init_scope).
+  * `accumulate_steps=k`: each replica sums its local gradients of k micro-batches in
+    sync-on-read accumulators (no communication), then one mean over replicas and
+    micro-batches updates the weights: k micro-batches of size b update exactly as
+    one batch of size k*b. The conditional update cannot hold a collective inside a
+    `tf.cond` in replica context, so it runs in cross-replica context right after the
+    step, scheduled through `Replicator.run`.
+  * `loss_scale`: a fixed float, or "dynamic" (float16): scale the loss with
+    `scale_loss`, gradients are unscaled; a non-finite global gradient skips the
+    update and halves the scale, `growth_interval` finite steps double it.
+"""
+
+from typing import Iterable, Optional, Union
+
+import gin
+import keras
+import tensorflow as tf
+
+from expframe.errors import ConfigError
+from expframe.replicator import collectives
+from expframe.replicator.replicator import defer_after_step
+
+
+class ReplicatedOptimizer(tf.Module):
+    """See module docstring. Create it with `wrap_optimizer` inside `Replicator.scope()`."""
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer, accumulate_steps: int = 1,
+                 clip_global_norm: Optional[float] = None,
+                 loss_scale: Union[None, float, str] = None, growth_interval: int = 2000):
+        super().__init__(name="replicated_optimizer")
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ConfigError(f"wrap_optimizer needs a Keras optimizer, got {type(optimizer).__name__}.")
+        if not isinstance(accumulate_steps, int) or accumulate_steps < 1:
+            raise ConfigError(f"wrap_optimizer accumulate_steps={accumulate_steps!r} must be an integer >= 1.")
+        if clip_global_norm is not None and not clip_global_norm > 0:
+            raise ConfigError(f"wrap_optimizer clip_global_norm={clip_global_norm!r} must be > 0 or None.")
+        if loss_scale is not None and loss_scale != "dynamic" and not (
+                isinstance(loss_scale, (int, float)) and loss_scale > 0):
+            raise ConfigError(f"wrap_optimizer loss_scale={loss_scale!r}: use None, a positive number or 'dynamic'.")
+        strategy = tf.distribute.get_strategy()
+        if getattr(optimizer, "_distribution_strategy", strategy) is not strategy:
+            raise ConfigError(
+                "wrap_optimizer: the Keras optimizer was created outside the Replicator's scope; "
+                "create it inside `with replicator.scope():` (its variables must be replicated).")
+        self.optimizer = optimizer
+        self.accumulate_steps = accumulate_steps
+        self.clip_global_norm = clip_global_norm
+        self.dynamic = loss_scale == "dynamic"
+        self.growth_interval = growth_interval
+        object.__setattr__(self, "_strategy", strategy)
+        # We aggregate; Keras must not sum again.
+        optimizer._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars
+        self.loss_scale = None
+        if loss_scale is not None:
+            initial = 2.0 ** 15 if self.dynamic else float(loss_scale)
+            self.loss_scale = tf.Variable(initial, trainable=False, name="loss_scale",
+                                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps",
+                                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self._deferred = accumulate_steps > 1 or self.dynamic
+        self.accumulators = []
+        self.micro_step = None
+        object.__setattr__(self, "_vars", None)
+
+    # -- Keras-like surface ------------------------------------------------------------
+
+    @property
+    def iterations(self) -> tf.Variable:
+        """Number of weight updates applied (not micro-batches)."""
+        return self.optimizer.iterations
+
+    @property
+    def learning_rate(self):
+        return self.optimizer.learning_rate
+
+    def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
+        """Multiplies the loss by the loss scale (identity without loss scaling)."""
+        if self.loss_scale is None:
+            return loss
+        return loss * tf.cast(self.loss_scale, loss.dtype)
+
+    def build(self, var_list: list) -> None:
+        """Creates slots and accumulators for `var_list` (call in the replicator's scope)."""
+        if self._vars is not None:
+            return
+        # Not a checkpoint dependency: the variables belong to the model.
+        object.__setattr__(self, "_vars", list(var_list))
+        if not self.optimizer.built:
+            self.optimizer.build(self._vars)
+        if self._deferred:
+            on_read = dict(synchronization=tf.VariableSynchronization.ON_READ, trainable=False)
+            # SUM aggregation: a checkpoint holds the sum over replicas, and restoring into
+            # M replicas gives each 1/M of it, so partial sums survive a change of replicas.
+            self.accumulators = [
+                tf.Variable(tf.zeros(v.shape, v.dtype), name="grad_accumulator",
+                            aggregation=tf.VariableAggregation.SUM, **on_read) for v in self._vars]
+            self.micro_step = tf.Variable(0, dtype=tf.int64, name="micro_step",
+                                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA, **on_read)
+
+    def _build_from_step(self, var_list):
+        def build_in_cross_replica(strategy):
+            with tf.init_scope(), strategy.scope():
+                self.build(var_list)
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None or not tf.distribute.has_strategy():
+            with tf.init_scope():
+                self.build(var_list)
+        else:
+            ctx.merge_call(build_in_cross_replica)
+
+    # -- the update --------------------------------------------------------------------
+
+    def apply_gradients(self, grads_and_vars: Iterable) -> None:
+        """Averages gradients over replicas (and micro-batches) and updates the variables.
+
+        Call it in the step function with this replica's gradients of its mean loss.
+        """
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        if not pairs:
+            raise ValueError("apply_gradients got no gradients: is the loss connected to the variables?")
+        grads = [tf.convert_to_tensor(g) for g, _ in pairs]
+        variables = [v for _, v in pairs]
+        if self._vars is None:
+            self._build_from_step(variables)
+        elif len(variables) != len(self._vars):
+            raise ValueError(
+                f"apply_gradients got {len(variables)} variables but the optimizer was built for "
+                f"{len(self._vars)}; use one wrapped optimizer per set of variables.")
+        if self.loss_scale is not None:
+            grads = [g / tf.cast(self.loss_scale, g.dtype) for g in grads]
+        if not self._deferred:
+            grads = collectives.all_reduce(grads, "mean")
+            self._apply(grads, variables)
+            return
+        # Each replica adds its share of the global mean (g / N), so that the sum over
+        # replicas of the accumulators is the running total of global-mean gradients even
+        # if a checkpoint taken mid-accumulation is restored into another replica count.
+        share = 1.0 / collectives.num_replicas()
+        for acc, g in zip(self.accumulators, grads):
+            acc.assign_add(g * share)
+        self.micro_step.assign_add(1)
+        defer_after_step(self._after_step)
+
+    def _clip(self, grads):
+        if self.clip_global_norm is None:
+            return grads
+        clipped, _ = tf.clip_by_global_norm(grads, self.clip_global_norm)
+        return clipped
+
+    def _apply(self, grads, variables):
+        self.optimizer.apply_gradients(zip(self._clip(grads), variables))
+
+    def _after_step(self):
+        """Cross-replica: when k micro-batches are in, mean them over replicas and apply."""
+        strategy = self._strategy
+        local_step = strategy.experimental_local_results(self.micro_step)[0]
+
+        def reduce_and_apply():
+            def reduce_accumulated():
+                summed = collectives.all_reduce([acc.read_value() for acc in self.accumulators], "sum")
+                for acc, g in zip(self.accumulators, summed):
+                    acc.assign(g / self.accumulate_steps)
+                if not self.dynamic:
+                    return tf.constant(True)
+                return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in summed])
+
+            finite = strategy.experimental_local_results(strategy.run(reduce_accumulated))[0]
+
+            def apply_accumulated():
+                self._apply([acc.read_value() for acc in self.accumulators], self._vars)
+
+            tf.cond(finite, lambda: _run_noop(strategy, apply_accumulated),
+                    lambda: tf.constant(0))
+
+            def reset(is_finite):
+                for acc in self.accumulators:
+                    acc.assign(tf.zeros_like(acc))
+                if self.dynamic:
+                    self._update_scale(is_finite)
+
+            strategy.run(reset, args=(finite,))
+            return tf.constant(0)
+
+        tf.cond(local_step % self.accumulate_steps == 0, reduce_and_apply, lambda: tf.constant(0))
+
+    def _update_scale(self, finite):
+        grow = tf.logical_and(finite, self.good_steps + 1 >= self.growth_interval)
+        scale = tf.where(finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale),
+                         tf.maximum(self.loss_scale / 2.0, 1.0))
+        self.loss_scale.assign(scale)
+        self.good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)),
+                                        self.good_steps + 1, tf.zeros_like(self.good_steps)))
+
+
+def _run_noop(strategy, fn):
+    strategy.run(fn)
+    return tf.constant(0)
+
+
+@gin.configurable
+def wrap_optimizer(optimizer: keras.optimizers.Optimizer, accumulate_steps: int = 1,
+                   clip_global_norm: Optional[float] = None,
+                   loss_scale: Union[None, float, str] = None) -> ReplicatedOptimizer:
+    """Wraps a Keras optimizer for replicated training (see module docstring).
+
+    Call inside `Replicator.scope()`, then use `apply_gradients` in the step function
+    with each replica's gradients of its own mean loss.
+
+    Args:
+      optimizer: a Keras 3 optimizer created in the same scope.
+      accumulate_steps: micro-batches summed per update (k batches of b == one of k*b).
+      clip_global_norm: clip the replica-averaged gradient to this global norm.
+      loss_scale: None, a fixed scale, or "dynamic" (for float16).
+
+    Returns:
+      A `ReplicatedOptimizer`, checkpointable (slots, accumulators, loss scale).
+    """
+    return ReplicatedOptimizer(optimizer, accumulate_steps, clip_global_norm, loss_scale)

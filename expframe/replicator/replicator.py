@@ -1,0 +1,179 @@
+"""The Replicator: TF-Replicator's programming model on top of `tf.distribute`."""
+
+import contextlib
+import json
+import os
+import threading
+from typing import Any, Callable, Optional
+
+import gin
+import tensorflow as tf
+
+from expframe.errors import ConfigError
+from expframe.replicator import targets
+from expframe.replicator.inputs import DistributedInput
+
+_REDUCE_OPS = ("sum", "mean", "max", "min")
+
+# Work that must run in cross-replica context right after a replicated step, such as
+# an accumulating optimizer's conditional update (a collective cannot sit inside a
+# `tf.cond` in replica context). Registered from inside the step, drained by run().
+_after_step_lock = threading.Lock()
+_pending: list = []
+
+
+def defer_after_step(callback: Callable[[], None]) -> None:
+    """Schedules `callback` (idempotent per step) to run after the current Replicator.run."""
+    with _after_step_lock:
+        if callback not in _pending:
+            _pending.append(callback)
+
+
+def _drain_after_step() -> list:
+    with _after_step_lock:
+        callbacks = list(_pending)
+        _pending.clear()
+    return callbacks
+
+
+@gin.configurable
+class Replicator:
+    """Runs single-device-looking step functions on many replicas.
+
+    Example:
+      rep = Replicator(target="cpu", num_replicas=2)
+      with rep.scope():
+          model = build_model()
+          opt = expframe.wrap_optimizer(keras.optimizers.SGD(0.1))
+      it = iter(rep.distribute(input_fn, global_batch_size=256))
+      out = rep.run(step_fn, next(it))        # per-replica values
+      rep.reduce(out, "mean")                 # {"loss": scalar}
+
+    Args:
+      target: 'cpu', 'gpu', 'tpu', 'multi_worker', 'parameter_server' or 'auto'.
+      num_replicas: replicas for 'cpu' (default 1) and 'gpu' (default all GPUs);
+        set by the cluster for the other targets.
+    """
+
+    def __init__(self, target: str = "cpu", num_replicas: Optional[int] = None):
+        self.target = targets.auto_target() if target == "auto" else target
+        self.strategy = targets.make_strategy(self.target, num_replicas)
+        self.coordinator = None
+        if self.target == "parameter_server":
+            self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
+
+    # -- where we are ----------------------------------------------------------------
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas in sync: all devices on all workers (1 per worker for parameter_server)."""
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def num_workers(self) -> int:
+        if self.target == "multi_worker":
+            return self.strategy.cluster_resolver.cluster_spec().num_tasks("worker") + (
+                self.strategy.cluster_resolver.cluster_spec().num_tasks("chief"))
+        return 1
+
+    @property
+    def worker_index(self) -> int:
+        """This process's index among the workers (0 on the chief and single-process runs)."""
+        if self.target != "multi_worker":
+            return 0
+        config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+        task = config.get("task", {})
+        has_chief = "chief" in config.get("cluster", {})
+        index = int(task.get("index", 0))
+        return index + 1 if (has_chief and task.get("type") == "worker") else index
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the one process that writes summaries, metrics and checkpoints."""
+        if self.target != "multi_worker":
+            return True
+        return self.strategy.extended.should_checkpoint
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """Variables (models, optimizers, metrics) created here are replicated."""
+        return self.strategy.scope()
+
+    # -- data ------------------------------------------------------------------------
+
+    def check_global_batch(self, global_batch_size: int, binding: str = "Trainer.global_batch_size") -> int:
+        """Returns the per-replica batch size; ConfigError unless it divides evenly."""
+        if not isinstance(global_batch_size, int) or global_batch_size < 1:
+            raise ConfigError(f"{binding}={global_batch_size!r} must be a positive integer.")
+        if global_batch_size % self.num_replicas:
+            lower = global_batch_size - global_batch_size % self.num_replicas
+            raise ConfigError(
+                f"{binding}={global_batch_size} is not divisible by the {self.num_replicas} "
+                f"replicas of target '{self.target}'; use a multiple of {self.num_replicas} "
+                f"(e.g. {lower or self.num_replicas} or {lower + self.num_replicas}).")
+        return global_batch_size // self.num_replicas
+
+    def distribute(self, input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+                   global_batch_size: Optional[int] = None) -> DistributedInput:
+        """Per-replica batches from `input_fn(ctx)` (ctx: `tf.distribute.InputContext`).
+
+        `input_fn` builds this worker's pipeline and batches with
+        `ctx.get_per_replica_batch_size(global_batch_size)`. Iterating the result gives
+        a checkpointable iterator whose `next()` yields per-replica values.
+        """
+        if global_batch_size is not None:
+            self.check_global_batch(global_batch_size)
+        if self.coordinator is not None:
+            raise ConfigError(
+                "Replicator.distribute is for synchronous targets; with 'parameter_server' "
+                "use Replicator.per_worker_iterator(input_fn).")
+        return DistributedInput(self.strategy, input_fn, self.num_workers, self.worker_index)
+
+    def per_worker_iterator(self, input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]):
+        """parameter_server only: a per-worker iterator to pass to `run` (not checkpointable)."""
+        def dataset_fn():
+            # The coordinator calls this once per worker; each worker shuffles on its own.
+            return input_fn(tf.distribute.InputContext())
+        return iter(self.coordinator.create_per_worker_dataset(dataset_fn))
+
+    # -- compute ---------------------------------------------------------------------
+
+    def run(self, step_fn: Callable[..., Any], *args, **kwargs) -> Any:
+        """Runs `step_fn` on every replica; returns per-replica values.
+
+        With 'parameter_server' it schedules the step on a free worker and returns a
+        `RemoteValue`; call `join()` before reading it.
+        """
+        if self.coordinator is not None:
+            return self.coordinator.schedule(step_fn, args=args, kwargs=kwargs)
+        out = self.strategy.run(step_fn, args=args, kwargs=kwargs)
+        for callback in _drain_after_step():
+            callback()
+        return out
+
+    def reduce(self, values: Any, op: str = "mean") -> Any:
+        """Reduces per-replica values (a nested structure) to one value each, in cross-replica context.
+
+        Scalars reduce over replicas; for tensors with a batch axis, reduce inside the
+        step first (e.g. a per-replica mean).
+        """
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"Replicator.reduce op={op!r}: use one of {', '.join(_REDUCE_OPS)}.")
+        if op in ("sum", "mean"):
+            reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
+            return tf.nest.map_structure(lambda v: self.strategy.reduce(reduce_op, v, axis=None), values)
+        fn = tf.reduce_max if op == "max" else tf.reduce_min
+
+        def reduce_one(v):
+            gathered = self.strategy.gather(
+                self.strategy.run(lambda t: tf.reshape(t, [1, -1]), args=(v,)), axis=0)
+            return tf.reshape(fn(gathered, axis=0), tf.shape(self.local_results(v)[0]))
+        return tf.nest.map_structure(reduce_one, values)
+
+    def local_results(self, value: Any) -> tuple:
+        """The values held by this process's replicas, as a tuple."""
+        return self.strategy.experimental_local_results(value)
+
+    def join(self) -> None:
+        """parameter_server: waits for all scheduled steps. No-op otherwise."""
+        if self.coordinator is not None:
+            self.coordinator.join()

@@ -1,0 +1,182 @@
+"""Target names -> `tf.distribute.Strategy` objects (the contract table in DESIGN.md).
+
+Only this package touches `tf.distribute`. Every failure to build a target is a
+`ConfigError` naming the binding and the fix, never a deep TensorFlow trace.
+"""
+
+import json
+import os
+from typing import Optional
+
+import tensorflow as tf
+
+from expframe.errors import ConfigError
+
+TARGETS = ("cpu", "gpu", "tpu", "multi_worker", "parameter_server", "auto")
+
+# How many logical CPU devices the process's CPU is split into the first time a
+# multi-replica `cpu` Replicator is created. TensorFlow allows the split only once,
+# before the runtime starts, so we split generously: Replicators of any size up to
+# this number can then be created one after another in the same process.
+_CPU_DEVICES_ENV = "EXPFRAME_CPU_DEVICES"
+_DEFAULT_CPU_DEVICES = 8
+
+
+def cpu_devices(num_replicas: int) -> list:
+    """Returns the names of `num_replicas` logical CPU devices, splitting the CPU once.
+
+    Raises:
+      ConfigError: the runtime already started with fewer logical CPUs than asked.
+    """
+    physical = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(physical)
+    if configured is None:
+        wanted = max(num_replicas, int(os.environ.get(_CPU_DEVICES_ENV, _DEFAULT_CPU_DEVICES)))
+        try:
+            tf.config.set_logical_device_configuration(
+                physical, [tf.config.LogicalDeviceConfiguration() for _ in range(wanted)])
+        except RuntimeError:
+            pass  # Runtime already initialised: we get whatever devices exist.
+    logical = tf.config.list_logical_devices("CPU")
+    if len(logical) < num_replicas:
+        raise ConfigError(
+            f"Replicator.num_replicas={num_replicas} on target 'cpu', but TensorFlow already "
+            f"started with {len(logical)} logical CPU device(s) and cannot split the CPU again. "
+            f"Create the largest Replicator first, or set {_CPU_DEVICES_ENV}={num_replicas} "
+            f"(or call expframe.split_cpu({num_replicas})) before any TensorFlow op runs.")
+    return [d.name for d in logical[:num_replicas]]
+
+
+def split_cpu(num_devices: int) -> None:
+    """Splits the CPU into `num_devices` logical devices now (call before any TF op)."""
+    physical = tf.config.list_physical_devices("CPU")[0]
+    if tf.config.get_logical_device_configuration(physical) is None:
+        os.environ[_CPU_DEVICES_ENV] = str(num_devices)
+    cpu_devices(num_devices)
+
+
+def _cpu_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
+    n = 1 if num_replicas is None else num_replicas
+    # Reduction through one host device: on a CPU every "device" shares the same
+    # memory, so this is a sum over N buffers with no copies across a bus. NCCL is
+    # GPU-only and is never selected here.
+    return tf.distribute.MirroredStrategy(
+        devices=cpu_devices(n), cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
+def _gpu_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+        raise ConfigError(
+            "Replicator.target='gpu' but TensorFlow sees no GPU on this machine "
+            "(install a CUDA build of TensorFlow, or use Replicator.target='cpu').")
+    n = len(gpus) if num_replicas is None else num_replicas
+    if n > len(gpus):
+        raise ConfigError(
+            f"Replicator.num_replicas={n} with target 'gpu', but only {len(gpus)} GPU(s) are "
+            f"visible; set Replicator.num_replicas <= {len(gpus)}.")
+    return tf.distribute.MirroredStrategy(devices=[g.name for g in gpus[:n]])
+
+
+def _tpu_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as e:
+        raise ConfigError(
+            "Replicator.target='tpu' but no TPU was found "
+            f"({str(e).splitlines()[0][:120]}); run on a TPU VM or use Replicator.target='cpu'."
+        ) from None
+    strategy = tf.distribute.TPUStrategy(resolver)
+    if num_replicas is not None and num_replicas != strategy.num_replicas_in_sync:
+        raise ConfigError(
+            f"Replicator.num_replicas={num_replicas} but the TPU has "
+            f"{strategy.num_replicas_in_sync} cores; leave Replicator.num_replicas unset.")
+    return strategy
+
+
+def cluster_spec_from_env() -> dict:
+    """Parses and checks `TF_CONFIG`; returns it as a dict. Raises ConfigError."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        if "SLURM_JOB_ID" in os.environ:
+            return {}
+        raise ConfigError(
+            "Replicator.target needs a cluster but TF_CONFIG is not set; start the run "
+            "with `python -m expframe.launch --workers=N -- ...` or set TF_CONFIG.")
+    try:
+        config = json.loads(raw)
+        cluster, task = config["cluster"], config["task"]
+        members = cluster[task["type"]]
+        index = int(task["index"])
+        members[index]  # pylint: disable=pointless-statement
+        for role, addresses in cluster.items():
+            for address in addresses:
+                host, port = address.rsplit(":", 1)
+                if not host or not 0 < int(port) < 65536:
+                    raise ValueError(f"bad address {address!r} for {role}")
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise ConfigError(
+            f"TF_CONFIG is not a valid cluster description ({e!r}); it must be JSON like "
+            '{"cluster": {"worker": ["127.0.0.1:2222", ...]}, "task": {"type": "worker", '
+            '"index": 0}}.') from None
+    return config
+
+
+def _resolver():
+    if os.environ.get("TF_CONFIG"):
+        cluster_spec_from_env()
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if "SLURM_JOB_ID" in os.environ:
+        return tf.distribute.cluster_resolver.SlurmClusterResolver()
+    cluster_spec_from_env()  # raises the clear error
+
+
+def _multi_worker_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
+    resolver = _resolver()
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options)
+    if num_replicas is not None and num_replicas != strategy.num_replicas_in_sync:
+        raise ConfigError(
+            f"Replicator.num_replicas={num_replicas} but the cluster in TF_CONFIG has "
+            f"{strategy.num_replicas_in_sync} replicas; leave Replicator.num_replicas unset.")
+    return strategy
+
+
+def _parameter_server_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
+    del num_replicas  # Set by the cluster: one replica per worker, asynchronous.
+    resolver = _resolver()
+    return tf.distribute.ParameterServerStrategy(resolver)
+
+
+def make_strategy(target: str, num_replicas: Optional[int]) -> tf.distribute.Strategy:
+    """Builds the strategy for a target name (the `Replicator.target` contract)."""
+    if target not in TARGETS:
+        raise ConfigError(
+            f"Replicator.target={target!r} is not a known target; use one of "
+            f"{', '.join(repr(t) for t in TARGETS)}.")
+    if num_replicas is not None and (not isinstance(num_replicas, int) or num_replicas < 1):
+        raise ConfigError(
+            f"Replicator.num_replicas={num_replicas!r} must be a positive integer (or unset).")
+    if target == "auto":
+        target = auto_target()
+    builders = {
+        "cpu": _cpu_strategy,
+        "gpu": _gpu_strategy,
+        "tpu": _tpu_strategy,
+        "multi_worker": _multi_worker_strategy,
+        "parameter_server": _parameter_server_strategy,
+    }
+    return builders[target](num_replicas)
+
+
+def auto_target() -> str:
+    """`tpu` if one is attached, else `gpu` if one is visible, else `cpu`."""
+    if os.environ.get("TPU_NAME") or os.path.exists("/dev/accel0"):
+        return "tpu"
+    if tf.config.list_physical_devices("GPU"):
+        return "gpu"
+    return "cpu"

@@ -1,0 +1,171 @@
+"""SyncBatchNorm on N replicas equals BatchNormalization on the whole batch on one device."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import expframe as xf
+from expframe.layers.sync_batch_norm import merge_moments
+from tests import support
+
+GLOBAL_BATCH = 8
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(2.0, 3.0, size=(GLOBAL_BATCH, 5, 5, 3)).astype(np.float32)
+    w = rng.normal(size=x.shape).astype(np.float32)  # weights of the loss sum(w * y)
+    return x, w
+
+
+def _init_layer(layer, seed=1):
+    rng = np.random.default_rng(seed)
+    layer.gamma.assign(rng.uniform(0.5, 1.5, size=3).astype(np.float32))
+    layer.beta.assign(rng.normal(size=3).astype(np.float32))
+
+
+def _reference(x, w):
+    """Plain Keras BN, one device, whole batch: outputs, grads, moving stats."""
+    layer = keras.layers.BatchNormalization(momentum=0.9)
+    layer.build(x.shape)
+    _init_layer(layer)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = layer(xt, training=True)
+        loss = tf.reduce_sum(y * w)
+    dx, dgamma, dbeta = tape.gradient(loss, [xt, layer.gamma, layer.beta])
+    return dict(y=y.numpy(), dx=dx.numpy(), dgamma=dgamma.numpy(), dbeta=dbeta.numpy(),
+                mean=layer.moving_mean.numpy(), var=layer.moving_variance.numpy())
+
+
+def _replicated(rep, x, w, layer_cls=xf.layers.SyncBatchNorm, **kwargs):
+    n = rep.num_replicas
+    b = GLOBAL_BATCH // n
+    with rep.scope():
+        layer = layer_cls(momentum=0.9, **kwargs)
+        layer.build(x.shape)
+        _init_layer(layer)
+
+    def step(xs, ws):
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            y = layer(xs, training=True)
+            loss = tf.reduce_sum(y * ws)
+        dx, dgamma, dbeta = tape.gradient(loss, [xs, layer.gamma, layer.beta])
+        return dict(y=y, dx=dx, dgamma=dgamma, dbeta=dbeta)
+
+    split = lambda a: (lambda r: a[r * b:(r + 1) * b])
+    out = tf.function(lambda a, c: rep.run(step, a, c))(
+        support.per_replica(rep, split(x)), support.per_replica(rep, split(w)))
+    local = rep.local_results(out)
+    result = dict(
+        y=np.concatenate([o["y"] for o in local]), dx=np.concatenate([o["dx"] for o in local]),
+        dgamma=np.sum([o["dgamma"] for o in local], 0), dbeta=np.sum([o["dbeta"] for o in local], 0),
+        mean=layer.moving_mean.value, var=layer.moving_variance.value)
+    return result, layer
+
+
+class SyncBatchNormTest(support.TestCase):
+
+    @parameterized.named_parameters(*support.named_replicators())
+    def test_equals_full_batch_bn(self, target, n):
+        x, w = _data()
+        want = _reference(x, w)
+        rep = support.replicator(target, n)
+        got, layer = _replicated(rep, x, w)
+        for key in ("y", "dx", "dgamma", "dbeta"):
+            np.testing.assert_allclose(got[key], want[key], atol=1e-5, rtol=1e-5, err_msg=key)
+        for key in ("mean", "var"):
+            self.assertSameValuePerReplica(rep, got[key])
+            np.testing.assert_allclose(rep.local_results(got[key])[0], want[key], atol=1e-5, err_msg=key)
+
+    @parameterized.named_parameters(*support.named_replicators(min_replicas=2))
+    def test_negative_control_plain_bn_differs(self, target, n):
+        x, w = _data()
+        want = _reference(x, w)
+        got, _ = _replicated(support.replicator(target, n), x, w, keras.layers.BatchNormalization)
+        self.assertGreater(np.abs(got["y"] - want["y"]).max(), 1e-2)
+
+    def test_group_size(self):
+        """4 replicas in groups of 2 normalise each half alone; moving stats follow the whole batch."""
+        x, w = _data()
+        rep = support.replicator("cpu", 4)
+        got, layer = _replicated(rep, x, w, group_size=2)
+        halves = [_reference(x[:4], w[:4]), _reference(x[4:], w[4:])]
+        np.testing.assert_allclose(got["y"], np.concatenate([h["y"] for h in halves]), atol=1e-5)
+        np.testing.assert_allclose(got["dx"], np.concatenate([h["dx"] for h in halves]), atol=1e-5)
+        whole = _reference(x, w)
+        self.assertSameValuePerReplica(rep, got["mean"])
+        np.testing.assert_allclose(rep.local_results(got["mean"])[0], whole["mean"], atol=1e-5)
+        np.testing.assert_allclose(rep.local_results(got["var"])[0], whole["var"], atol=1e-5)
+
+    def test_group_size_must_divide_replicas(self):
+        x, w = _data()
+        with self.assertRaisesRegex(xf.ConfigError, "group_size=3 does not divide the 4 replicas"):
+            _replicated(support.replicator("cpu", 4), x, w, group_size=3)
+        with self.assertRaisesRegex(xf.ConfigError, "group_size=0"):
+            xf.layers.SyncBatchNorm(group_size=0)
+
+    def test_inference_uses_moving_statistics(self):
+        x, _ = _data()
+        rep = support.replicator("cpu", 2)
+        with rep.scope():
+            layer = xf.layers.SyncBatchNorm()
+            layer.build(x.shape)
+            _init_layer(layer)
+        ref = keras.layers.BatchNormalization()
+        ref.build(x.shape)
+        _init_layer(ref)
+        y = rep.run(lambda a: layer(a, training=False), tf.constant(x))
+        for got in rep.local_results(y):
+            np.testing.assert_allclose(got, ref(x, training=False), atol=1e-6)
+
+    def test_same_weights_and_config_as_keras_bn(self):
+        sync, plain = xf.layers.SyncBatchNorm(momentum=0.8, epsilon=1e-3), keras.layers.BatchNormalization()
+        sync.build((None, 3)), plain.build((None, 3))
+        self.assertEqual([v.path.split("/")[-1] for v in sync.weights], [v.path.split("/")[-1] for v in plain.weights])
+        clone = xf.layers.SyncBatchNorm.from_config(xf.layers.SyncBatchNorm(group_size=2, momentum=0.8).get_config())
+        self.assertEqual((clone.group_size, clone.momentum), (2, 0.8))
+        model = keras.Sequential([keras.Input((3,)), xf.layers.SyncBatchNorm(group_size=2)])
+        restored = keras.models.model_from_json(model.to_json())
+        self.assertIsInstance(restored.layers[0], xf.layers.SyncBatchNorm)
+
+    def test_masked_inputs(self):
+        rng = np.random.default_rng(3)
+        x = rng.normal(size=(4, 6, 3)).astype(np.float32)
+        mask = rng.uniform(size=(4, 6)) > 0.3
+        ref = keras.layers.BatchNormalization()
+        want = ref(x, training=True, mask=mask)
+        rep = support.replicator("cpu", 2)
+        with rep.scope():
+            layer = xf.layers.SyncBatchNorm()
+        y = rep.run(lambda a, m: layer(a, training=True, mask=m),
+                    support.per_replica(rep, lambda r: x[2 * r:2 * r + 2]), support.per_replica(rep, lambda r: mask[2 * r:2 * r + 2]))
+        got = np.concatenate(rep.local_results(y))
+        np.testing.assert_allclose(got[np.broadcast_to(mask[..., None], got.shape)],
+                                   np.asarray(want)[np.broadcast_to(mask[..., None], got.shape)], atol=1e-4)
+
+    def test_moments_stable_for_large_means(self):
+        """Chan's merge keeps float32 variance exact where E[x^2]-E[x]^2 loses it (the design choice)."""
+        rng = np.random.default_rng(0)
+        parts = [rng.normal(1000.0, 1.0, size=(256, 4)).astype(np.float32) for _ in range(4)]
+        full = np.concatenate(parts).astype(np.float64)
+        counts = tf.constant([[256.0] * 4] * 4)
+        means = tf.constant([p.mean(0) for p in parts])
+        m2s = tf.constant([((p - p.mean(0)) ** 2).sum(0) for p in parts])
+        _, var = merge_moments(counts, means, m2s)
+        sumsq = tf.reduce_sum([tf.reduce_sum(tf.square(p), 0) for p in parts], 0) / 1024.0
+        mean32 = tf.reduce_sum([tf.reduce_sum(p, 0) for p in parts], 0) / 1024.0
+        rel_ours = np.abs(var.numpy() - full.var(0)) / full.var(0)
+        rel_naive = np.abs((sumsq - tf.square(mean32)).numpy() - full.var(0)) / full.var(0)
+        self.assertLess(rel_ours.max(), 1e-4)
+        self.assertGreater(rel_naive.max(), 1e-2)
+
+    def test_refuses_cross_replica_training_call(self):
+        rep = support.replicator("cpu", 2)
+        with rep.scope():
+            layer = xf.layers.SyncBatchNorm()
+            with self.assertRaisesRegex(xf.ConfigError, "must run inside Replicator.run"):
+                layer(tf.ones([4, 3]), training=True)

@@ -1,0 +1,109 @@
+"""Collectives return exactly the expected values on 1, 2 and 4 replicas."""
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import expframe as xf
+from tests import support
+
+
+def _value(r):
+    # Distinct per replica, with negative entries so max/min are not trivial.
+    return np.array([[r + 1.0, -2.0 * r], [0.5 * r, 3.0 - r]], np.float32)
+
+
+class CollectivesTest(support.TestCase):
+
+    @parameterized.named_parameters(*support.named_replicators())
+    def test_reductions(self, target, n):
+        rep = support.replicator(target, n)
+        expected_values = np.stack([_value(r) for r in range(n)])
+        expected = {"sum": expected_values.sum(0), "mean": expected_values.mean(0),
+                    "max": expected_values.max(0), "min": expected_values.min(0)}
+
+        @tf.function
+        def run(x):
+            return rep.run(lambda t: {op: xf.all_reduce(t, op) for op in expected}, x)
+
+        out = run(self.per_replica(rep, _value))
+        for op, want in expected.items():
+            for got in rep.local_results(out[op]):
+                np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=op)
+
+    @parameterized.named_parameters(*support.named_replicators())
+    def test_nested_and_mixed_dtypes(self, target, n):
+        rep = support.replicator(target, n)
+
+        def step(r):
+            r = tf.cast(r, tf.float32)
+            nest = {"a": [r, r * 2.0], "b": (tf.fill([3], r), tf.cast(r, tf.int32) + 1), "big": tf.fill([300_000], r)}
+            return xf.all_reduce(nest, "sum")
+
+        out = tf.function(lambda x: rep.run(step, x))(self.per_replica(rep, lambda r: r))
+        total = sum(range(n))
+        local = rep.local_results(out)
+        self.assertLen(local, n)
+        for got in local:
+            self.assertAllEqual(got["a"][0], total)
+            self.assertAllEqual(got["a"][1], 2 * total)
+            self.assertAllEqual(got["b"][0], [total] * 3)
+            self.assertAllEqual(got["b"][1], total + n)
+            self.assertEqual(got["b"][1].dtype, tf.int32)
+            self.assertAllEqual(got["big"][:5], [total] * 5)
+
+    @parameterized.named_parameters(*support.named_replicators())
+    def test_broadcast_from_each_source(self, target, n):
+        rep = support.replicator(target, n)
+        for source in range(n):
+            def step(x):
+                nest = {"x": x, "flag": x[0, 0] > 1.5, "nan_elsewhere": tf.where(
+                    tf.equal(xf.replica_id(), source), x, np.nan)}
+                return xf.broadcast(nest, source=source)
+
+            out = tf.function(lambda x: rep.run(step, x))(self.per_replica(rep, _value))
+            for got in rep.local_results(out):
+                np.testing.assert_array_equal(got["x"], _value(source))
+                np.testing.assert_array_equal(got["nan_elsewhere"], _value(source))
+                self.assertEqual(bool(got["flag"]), source + 1.0 > 1.5)
+
+    @parameterized.named_parameters(*support.named_replicators())
+    def test_all_gather_and_ids(self, target, n):
+        rep = support.replicator(target, n)
+
+        def step(x):
+            return {"gathered": xf.all_gather({"v": x}, axis=0), "id": xf.replica_id(),
+                    "n": tf.constant(xf.num_replicas())}
+
+        out = tf.function(lambda x: rep.run(step, x))(self.per_replica(rep, _value))
+        want = np.concatenate([_value(r) for r in range(n)], axis=0)
+        for r, got in enumerate(rep.local_results(out)):
+            np.testing.assert_array_equal(got["gathered"]["v"], want)
+            self.assertEqual(int(got["id"]), r)
+            self.assertEqual(int(got["n"]), n)
+
+    def test_identity_without_replicator(self):
+        x = {"a": tf.constant([1.0, 2.0])}
+        self.assertIs(xf.all_reduce(x, "mean"), x)
+        self.assertIs(xf.broadcast(x), x)
+        self.assertIs(xf.all_gather(x), x)
+        self.assertEqual(int(xf.replica_id()), 0)
+        self.assertEqual(xf.num_replicas(), 1)
+
+    def test_bad_arguments(self):
+        rep = support.replicator("cpu", 2)
+        with self.assertRaisesRegex(ValueError, "op='prod'.*sum, mean, max, min"):
+            rep.run(lambda: xf.all_reduce(tf.constant(1.0), "prod"))
+        with self.assertRaisesRegex(ValueError, r"source=2 must be a replica index in \[0, 2\)"):
+            rep.run(lambda: xf.broadcast(tf.constant(1.0), source=2))
+        with rep.scope(), self.assertRaisesRegex(RuntimeError, "inside a replicated step"):
+            xf.all_reduce(tf.constant(1.0), "sum")
+
+    @parameterized.named_parameters(*support.named_replicators(min_replicas=2))
+    def test_reduce_in_cross_replica_context(self, target, n):
+        rep = support.replicator(target, n)
+        values = self.per_replica(rep, lambda r: np.float32(r * 2 - 1))
+        self.assertAllClose(rep.reduce(values, "sum"), sum(r * 2 - 1 for r in range(n)))
+        self.assertAllClose(rep.reduce(values, "mean"), np.mean([r * 2 - 1 for r in range(n)]))
+        self.assertAllClose(rep.reduce(values, "max"), 2 * n - 3)
+        self.assertAllClose(rep.reduce(values, "min"), -1)
