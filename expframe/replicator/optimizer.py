@@ -48,6 +48,8 @@ class ReplicatedOptimizer(tf.Module):
         if loss_scale is not None and loss_scale != "dynamic" and not (
                 isinstance(loss_scale, (int, float)) and loss_scale > 0):
             raise ConfigError(f"wrap_optimizer loss_scale={loss_scale!r}: use None, a positive number or 'dynamic'.")
+        if loss_scale is None and keras.mixed_precision.global_policy().name == "mixed_float16":
+            loss_scale = "dynamic"  # float16 gradients underflow without it.
         strategy = tf.distribute.get_strategy()
         if getattr(optimizer, "_distribution_strategy", strategy) is not strategy:
             raise ConfigError(
@@ -221,7 +223,8 @@ def wrap_optimizer(optimizer: keras.optimizers.Optimizer, accumulate_steps: int 
       optimizer: a Keras 3 optimizer created in the same scope.
       accumulate_steps: micro-batches summed per update (k batches of b == one of k*b).
       clip_global_norm: clip the replica-averaged gradient to this global norm.
-      loss_scale: None, a fixed scale, or "dynamic" (for float16).
+      loss_scale: None, a fixed scale, or "dynamic". None becomes "dynamic" under the
+        Keras policy "mixed_float16".
 
     Returns:
       A `ReplicatedOptimizer`, checkpointable (slots, accumulators, loss scale).

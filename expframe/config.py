@@ -1,0 +1,112 @@
+"""Gin: the one registry. Registers the Keras symbols expframe's gin files use and
+parses gin files and bindings into clear, one-line configuration errors.
+
+`gin.tf` does not import with TF 2.21 (it needs the removed `tf.estimator`), so
+the TF/Keras symbols are registered here under the module names users type
+(`@keras.optimizers.SGD`, `@SGD` for short).
+"""
+
+import difflib
+import os
+import re
+from typing import Sequence
+
+import gin
+import keras
+
+from expframe.errors import ConfigError
+
+_KERAS_OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Lion")
+_KERAS_SCHEDULES = ("PiecewiseConstantDecay", "CosineDecay", "ExponentialDecay", "PolynomialDecay")
+_registered = False
+
+
+def register_symbols() -> None:
+    """Registers Keras optimizers, schedules and layers with gin (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    for name in _KERAS_OPTIMIZERS:
+        gin.external_configurable(getattr(keras.optimizers, name), name=name, module="keras.optimizers")
+    for name in _KERAS_SCHEDULES:
+        gin.external_configurable(getattr(keras.optimizers.schedules, name), name=name,
+                                  module="keras.optimizers.schedules")
+    gin.external_configurable(keras.layers.BatchNormalization, name="BatchNormalization", module="keras.layers")
+    gin.constant("keras.layers.BatchNormalization.class", keras.layers.BatchNormalization)
+    # A Keras layer class cannot be decorated in place (Keras reads __init__'s
+    # argument names, which gin's wrapper hides): register it from outside.
+    from expframe.layers import SyncBatchNorm  # pylint: disable=import-outside-toplevel
+    gin.external_configurable(SyncBatchNorm, name="SyncBatchNorm", module="expframe.layers")
+    # Import the modules whose configurables gin files may reference.
+    # pylint: disable=import-outside-toplevel,unused-import
+    import expframe.data.inputs  # noqa: F401
+    import expframe.experiment  # noqa: F401
+    import expframe.models.resnet  # noqa: F401
+    import expframe.tasks  # noqa: F401
+
+
+def _suggest(name: str, candidates) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _configurable_names():
+    names = set()
+    for (module, name) in gin.config._REGISTRY.keys():  # pylint: disable=protected-access
+        names.add(name)
+        if module:
+            names.add(f"{module}.{name}")
+    return names
+
+
+def _explain(error: Exception, where: str) -> str:
+    """Turns gin's multi-line error into one line with a suggestion."""
+    text = str(error)
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    missing = re.search(r"No configurable matching '([^']+)'", text)
+    if missing:
+        return (f"{where}: unknown configurable '{missing.group(1)}'"
+                f"{_suggest(missing.group(1), _configurable_names())} "
+                "(see `python main.py --helpfull` and the gin files under experiments/).")
+    param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", text)
+    if param:
+        configurable, parameter = param.groups()
+        params = []
+        try:
+            selector = gin.config._REGISTRY.get_match(configurable)  # pylint: disable=protected-access
+            import inspect  # pylint: disable=import-outside-toplevel
+            params = list(inspect.signature(selector.wrapped).parameters)
+        except Exception:  # pylint: disable=broad-except
+            pass
+        return (f"{where}: '{configurable}' has no parameter '{parameter}'"
+                f"{_suggest(parameter, params)}")
+    return f"{where}: {first}"
+
+
+def parse(gin_files: Sequence[str], gin_params: Sequence[str]) -> str:
+    """Parses gin files then bindings; returns the config text 'as given'.
+
+    Raises:
+      ConfigError: a missing file, a syntax error, an unknown configurable or
+        parameter, each in one line naming the file or binding.
+    """
+    register_symbols()
+    gin.clear_config()
+    given = []
+    for path in gin_files:
+        if not os.path.isfile(path):
+            raise ConfigError(f"--gin_file={path}: no such file (experiments are under experiments/).")
+        try:
+            gin.parse_config_file(path)
+        except Exception as e:  # gin raises many types; all are the user's config.
+            raise ConfigError(_explain(e, path)) from None
+        with open(path, encoding="utf-8") as f:
+            given.append(f"# --gin_file={path}\n{f.read().rstrip()}\n")
+    for binding in gin_params:
+        try:
+            gin.parse_config(binding)
+        except Exception as e:  # pylint: disable=broad-except
+            raise ConfigError(_explain(e, f"--gin_param={binding!r}")) from None
+        given.append(f"# --gin_param\n{binding}\n")
+    return "\n".join(given)

@@ -1,0 +1,277 @@
+"""ImageNet (ILSVRC 2012) input pipeline: TFDS `imagenet2012` + standard preprocessing.
+
+Data. ImageNet cannot be downloaded automatically: put ILSVRC2012_img_train.tar and
+ILSVRC2012_img_val.tar in the manual dir (`imagenet_input.manual_dir`, default
+`<data_dir>/downloads/manual`); the first call prepares the TFDS dataset under
+`imagenet_input.data_dir` (default `$TFDS_DATA_DIR` or `~/tensorflow_datasets`).
+Nothing touches the network: TFDS's GCS lookups are off (`try_gcs=False`,
+`try_download_gcs=False`; TFDS 4.9.10 also disables GCS by default).
+
+Preprocessing (the ResNet recipe of Goyal et al. 2017 and torchvision):
+  train: Inception-style random-resized crop (area 8%-100% of the image, aspect 3/4
+    to 4/3, up to 10 tries, else the whole image), decoded from the JPEG directly
+    with `decode_and_crop_jpeg` (only the crop is decoded), bilinear resize to
+    image_size, random horizontal flip.
+  eval: resize the shorter side to image_size / 0.875 (256 for 224), centre crop.
+  both: per-channel (x - mean) / std with ImageNet's statistics on the [0, 255] scale.
+Randomness is stateless, seeded per example from a `tf.data.Dataset.random` stream,
+so with a seed the pipeline is reproducible at any parallelism and its position can
+be checkpointed and resumed.
+
+Mock mode (`use_mock=True`): `tfds.testing.mock_data` makes random examples with the
+real feature spec (encoded JPEG images, labels in [0, 1000)) without any files; they
+are copied into memory so the iterator stays checkpointable. For tests and speed
+runs only (the images are small and random).
+
+Example, as a task's input_fn:
+    def input_fn(ctx):
+        return imagenet_input("train", ctx, batch_size=ctx.get_per_replica_batch_size(1024))
+
+Gin (with ClassificationTask, which passes split, ctx, batch size, seed):
+    ClassificationTask.dataset = @imagenet_input
+    ClassificationTask.eval_split = 'validation'
+    imagenet_input.data_dir = '/data/tfds'
+"""
+
+import functools
+import os
+from typing import Optional, Tuple
+
+import gin
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from expframe.errors import ConfigError
+
+MEAN_RGB = (123.675, 116.28, 103.53)  # ImageNet per-channel mean, [0, 255] scale
+STDDEV_RGB = (58.395, 57.12, 57.375)  # and standard deviation
+CROP_FRACTION = 0.875                 # eval: centre crop 224 of 256
+AREA_RANGE = (0.08, 1.0)
+ASPECT_RATIO_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+MAX_CROP_ATTEMPTS = 10
+MANUAL_FILES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
+NUM_CLASSES = 1000
+
+
+def random_crop_window(image_shape: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """[offset_y, offset_x, height, width] of a random-resized crop of an image.
+
+    Args:
+      image_shape: int32 [height, width, channels].
+      seed: int [2], a stateless seed.
+    """
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        image_shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed,
+        min_object_covered=0.0,  # let area_range alone bound the crop's area
+        aspect_ratio_range=ASPECT_RATIO_RANGE, area_range=AREA_RANGE,
+        max_attempts=MAX_CROP_ATTEMPTS, use_image_if_no_bounding_boxes=True)
+    return tf.stack([begin[0], begin[1], size[0], size[1]])
+
+
+def _image_shape(image: tf.Tensor) -> tf.Tensor:
+    if image.dtype == tf.string:
+        return tf.image.extract_jpeg_shape(image)
+    return tf.shape(image)
+
+
+def _crop(image: tf.Tensor, window: tf.Tensor) -> tf.Tensor:
+    """Crops encoded JPEG bytes (decoding only the window) or a decoded uint8 image."""
+    if image.dtype == tf.string:
+        return tf.image.decode_and_crop_jpeg(image, window, channels=3)
+    return tf.slice(image, [window[0], window[1], 0], [window[2], window[3], 3])
+
+
+def _normalise(image: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    image = (tf.cast(image, tf.float32) - MEAN_RGB) / STDDEV_RGB
+    return tf.cast(image, dtype)
+
+
+def preprocess_for_train(image: tf.Tensor, seed: tf.Tensor, image_size: int = 224,
+                         dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """Random-resized crop, flip and normalisation of one image.
+
+    Args:
+      image: JPEG bytes (scalar string) or a decoded uint8 [H, W, 3] image.
+      seed: int [2] stateless seed; the same seed gives the same output.
+      image_size: side of the square output.
+      dtype: output dtype.
+
+    Returns:
+      [image_size, image_size, 3] tensor of `dtype`, normalised by MEAN_RGB/STDDEV_RGB.
+    """
+    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=2)
+    window = random_crop_window(_image_shape(image), seeds[0])
+    crop = _crop(image, window)
+    crop = tf.image.resize(crop, [image_size, image_size], method="bilinear", antialias=True)
+    crop = tf.image.stateless_random_flip_left_right(crop, seeds[1])
+    return tf.ensure_shape(_normalise(crop, dtype), [image_size, image_size, 3])
+
+
+def centre_crop_window(image_shape: tf.Tensor, image_size: int = 224) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(window, resized side): the centre square that, resized so its side is
+    image_size / 0.875 on the image's shorter side, leaves an image_size crop.
+
+    Cropping first and resizing the crop is the same as resizing the whole image to
+    shorter side round(image_size / 0.875) and then taking the centre image_size square,
+    but decodes and resizes fewer pixels.
+    """
+    h, w = tf.cast(image_shape[0], tf.float32), tf.cast(image_shape[1], tf.float32)
+    resized_short = float(round(image_size / CROP_FRACTION))
+    # Side of the crop in original pixels: image_size out of resized_short on the short side.
+    side = tf.cast(tf.round(tf.minimum(h, w) * image_size / resized_short), tf.int32)
+    side = tf.maximum(side, 1)
+    offset_y = (image_shape[0] - side) // 2
+    offset_x = (image_shape[1] - side) // 2
+    return tf.stack([offset_y, offset_x, side, side])
+
+
+def preprocess_for_eval(image: tf.Tensor, image_size: int = 224, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """Centre crop (short side image_size / 0.875, crop image_size) and normalisation.
+
+    Args:
+      image: JPEG bytes (scalar string) or a decoded uint8 [H, W, 3] image.
+      image_size: side of the square output.
+      dtype: output dtype.
+
+    Returns:
+      [image_size, image_size, 3] tensor of `dtype`; deterministic.
+    """
+    crop = _crop(image, centre_crop_window(_image_shape(image), image_size))
+    crop = tf.image.resize(crop, [image_size, image_size], method="bilinear", antialias=True)
+    return tf.ensure_shape(_normalise(crop, dtype), [image_size, image_size, 3])
+
+
+def _builder(data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
+    return tfds.builder("imagenet2012", data_dir=data_dir, try_gcs=False)
+
+
+def prepare(data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
+            num_input_pipelines: int = 1) -> tfds.core.DatasetBuilder:
+    """The `imagenet2012` builder, preparing the dataset from the manual dir if needed.
+
+    Raises:
+      ConfigError: the dataset is not prepared and the tar files are not in the
+        manual dir, or several input pipelines would prepare it at once.
+    """
+    builder = _builder(data_dir)
+    if builder.is_prepared():
+        return builder
+    root = os.path.dirname(os.path.dirname(builder.data_dir))  # <root>/imagenet2012/<version>
+    manual_dir = manual_dir or os.path.join(root, "downloads", "manual")
+    missing = [f for f in MANUAL_FILES if not tf.io.gfile.exists(os.path.join(manual_dir, f))]
+    if missing:
+        raise ConfigError(
+            f"imagenet2012 is not prepared in {root} and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not in the manual dir {manual_dir}: download "
+            f"{' and '.join(MANUAL_FILES)} from https://image-net.org/download-images into {manual_dir} "
+            f"(or set imagenet_input.manual_dir), set imagenet_input.data_dir to where the prepared "
+            f"dataset should live, or bind imagenet_input.use_mock = True for fake data.")
+    if num_input_pipelines > 1:
+        raise ConfigError(
+            f"imagenet2012 is not prepared in {root}; prepare it once before a multi-worker run: "
+            f"tfds build imagenet2012 --data_dir={root} --manual_dir={manual_dir}")
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        manual_dir=manual_dir, try_download_gcs=False))
+    return builder
+
+
+@functools.lru_cache(maxsize=8)
+def _mock_arrays(split: str, num_examples: int, data_dir: Optional[str]) -> Tuple[tuple, tuple]:
+    with tfds.testing.mock_data(num_examples=num_examples):
+        mocked = _builder(data_dir).as_dataset(
+            split=split, decoders={"image": tfds.decode.SkipDecoding()})
+        examples = list(mocked.map(lambda ex: (ex["image"], ex["label"])).as_numpy_iterator())
+    return tuple(zip(*examples))
+
+
+def _mock_examples(split: str, num_examples: int, data_dir: Optional[str]) -> tf.data.Dataset:
+    """`num_examples` random examples with the real features, held in memory.
+
+    The mock reads through a Python generator, which a checkpoint cannot save;
+    copying the examples into tensors keeps the iterator checkpointable.
+    """
+    images, labels = _mock_arrays(split, num_examples, data_dir)
+    return tf.data.Dataset.from_tensor_slices({"image": list(images), "label": list(labels)})
+
+
+@gin.configurable
+def imagenet_input(split: str = "train",
+                   ctx: Optional[tf.distribute.InputContext] = None,
+                   batch_size: int = gin.REQUIRED,
+                   training: Optional[bool] = None,
+                   seed: Optional[int] = None,
+                   deterministic: bool = False,
+                   data_dir: Optional[str] = None,
+                   manual_dir: Optional[str] = None,
+                   image_size: int = 224,
+                   dtype: str = "float32",
+                   shuffle_buffer_size: int = 10_000,
+                   use_mock: bool = False,
+                   mock_num_examples: int = 256) -> tf.data.Dataset:
+    """This input pipeline's share of ImageNet, in per-replica batches.
+
+    The signature is the dataset contract of `ClassificationTask.dataset`: the task
+    passes split, ctx, batch_size, training, seed and deterministic; gin binds the rest.
+
+    Args:
+      split: a TFDS split of imagenet2012 ("train", "validation", "train[:1%]", ...).
+      ctx: the InputContext given to `input_fn`; this pipeline reads every
+        `ctx.num_input_pipelines`-th file starting at `ctx.input_pipeline_id`.
+        None: one pipeline.
+      batch_size: examples per batch, i.e. per replica
+        (`ctx.get_per_replica_batch_size(global_batch_size)`).
+      training: train preprocessing, shuffling and repetition (True) or eval
+        preprocessing, file order, one pass (False); default: split starts with "train".
+      seed: seed of file order, shuffling and augmentation (offset per pipeline);
+        None: random, unless `deterministic`, which then uses 0.
+      deterministic: make the element order deterministic (tf.data `deterministic`)
+        and seed every random choice.
+      data_dir: TFDS data dir (None: the TFDS default).
+      manual_dir: where the ILSVRC2012 tar files are (None: `<data_dir>/downloads/manual`).
+      image_size: side of the square images.
+      dtype: image dtype ("float32", "bfloat16", "float16").
+      shuffle_buffer_size: examples in the shuffle buffer (training only).
+      use_mock: fake examples from `tfds.testing.mock_data`, no files needed.
+      mock_num_examples: number of fake examples per split (before sharding).
+
+    Returns:
+      A dataset of {"image": [batch_size, image_size, image_size, 3] `dtype`,
+      "label": [batch_size] int32}, remainder dropped; repeated when training.
+
+    Raises:
+      ConfigError: dataset not available (see `prepare`) or batch_size < 1.
+    """
+    ctx = ctx or tf.distribute.InputContext()
+    training = split.startswith("train") if training is None else training
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"imagenet_input: batch_size={batch_size!r} must be a positive integer.")
+    if deterministic and seed is None:
+        seed = 0
+    pipeline_seed = None if seed is None else seed + ctx.input_pipeline_id
+    if use_mock:
+        ds = _mock_examples(split, mock_num_examples, data_dir)
+        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    else:
+        builder = prepare(data_dir, manual_dir, ctx.num_input_pipelines)
+        ds = builder.as_dataset(
+            split=split, shuffle_files=training, decoders={"image": tfds.decode.SkipDecoding()},
+            read_config=tfds.ReadConfig(input_context=ctx, shuffle_seed=pipeline_seed,
+                                        try_autocache=False))
+        ds = ds.map(lambda ex: {"image": ex["image"], "label": ex["label"]})
+    dtype = tf.as_dtype(dtype)
+    if training:
+        ds = ds.shuffle(shuffle_buffer_size, seed=pipeline_seed).repeat()
+        # One stateless seed per example, from a checkpointable random stream.
+        seeds = tf.data.Dataset.random(seed=pipeline_seed).batch(2)
+        ds = tf.data.Dataset.zip(ds, seeds).map(
+            lambda ex, s: {"image": preprocess_for_train(ex["image"], s, image_size, dtype),
+                           "label": tf.cast(ex["label"], tf.int32)},
+            num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        ds = ds.map(lambda ex: {"image": preprocess_for_eval(ex["image"], image_size, dtype),
+                                "label": tf.cast(ex["label"], tf.int32)},
+                    num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    return ds.with_options(options)

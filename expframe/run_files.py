@@ -1,0 +1,82 @@
+"""Everything a run writes into its model_dir (the contract in DESIGN.md, Run outputs).
+
+Only the chief writes into the model_dir; other workers get a private temporary
+directory that is removed at the end. Text files are written atomically
+(temporary file + rename), so a crash never leaves half a config or result.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Dict
+
+import tensorflow as tf
+
+
+def atomic_write(path: str, text: str) -> None:
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_" + os.path.basename(path))
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class RunFiles:
+    """config.gin, operative_config.gin, metrics.jsonl, TensorBoard, result.json, checkpoints/."""
+
+    def __init__(self, model_dir: str, is_chief: bool = True, worker_index: int = 0):
+        self.is_chief = is_chief
+        self.model_dir = model_dir if is_chief else tempfile.mkdtemp(prefix=f"expframe_worker{worker_index}_")
+        self.checkpoint_dir = os.path.join(self.model_dir, "checkpoints")
+        self.metrics_path = os.path.join(self.model_dir, "metrics.jsonl")
+        self._writers = {}
+
+    @staticmethod
+    def existing_config(model_dir: str):
+        path = os.path.join(model_dir, "config.gin")
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+
+    def start(self, config_text: str, resumed_step: int) -> None:
+        """Creates the model_dir, writes config.gin, trims metrics past the resumed step."""
+        os.makedirs(self.model_dir, exist_ok=True)
+        atomic_write(os.path.join(self.model_dir, "config.gin"), config_text)
+        if os.path.exists(self.metrics_path):
+            # A run killed after its last checkpoint logged steps it will now redo.
+            with open(self.metrics_path, encoding="utf-8") as f:
+                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= resumed_step]
+            atomic_write(self.metrics_path, "".join(kept))
+
+    def write_operative_config(self, text: str) -> None:
+        atomic_write(os.path.join(self.model_dir, "operative_config.gin"), text)
+
+    def log_metrics(self, step: int, split: str, metrics: Dict[str, float]) -> None:
+        if not self.is_chief:
+            return
+        record = {"step": int(step), "split": split, **{k: float(v) for k, v in metrics.items()}}
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        writer = self._writers.get(split)
+        if writer is None:
+            writer = self._writers[split] = tf.summary.create_file_writer(os.path.join(self.model_dir, split))
+        with writer.as_default(step=int(step)):
+            for name, value in metrics.items():
+                tf.summary.scalar(name, value)
+        writer.flush()
+
+    def progress(self, line: str) -> None:
+        if self.is_chief:
+            print(line, flush=True)
+
+    def write_result(self, result: Dict) -> None:
+        if self.is_chief:
+            atomic_write(os.path.join(self.model_dir, "result.json"), json.dumps(result, indent=2) + "\n")
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        if not self.is_chief:
+            shutil.rmtree(self.model_dir, ignore_errors=True)

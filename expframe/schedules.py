@@ -1,0 +1,124 @@
+"""Learning-rate schedules for large-batch training.
+
+`WarmupSchedule` is the recipe of Goyal et al. 2017 ("Accurate, Large Minibatch SGD:
+Training ImageNet in 1 Hour"): the linear scaling rule, a gradual warm-up, then a
+step (or cosine) decay. With steps s, S = steps_per_epoch, W = warmup_epochs * S:
+
+    peak  = base_learning_rate * global_batch_size / 256          (linear scaling rule)
+    lr(s) = init + (peak - init) * s / W                          for s < W (linear warm-up)
+    step:   lr(s) = peak * decay_factor ** #{e in boundaries_epochs : s >= e * S}
+    cosine: lr(s) = peak * (1 + cos(pi * (s - W) / (T - W))) / 2,  T = total_epochs * S,
+            reaching 0 at s = T and staying there.
+
+`init` is `warmup_initial_learning_rate`, 0 by default (so the first step, s = 0, makes
+no update); Goyal et al. start from the unscaled base rate: set it to
+`base_learning_rate` for exactly their schedule.
+
+Example (ResNet-50, batch 1024, 90 epochs):
+    WarmupSchedule.base_learning_rate = 0.1
+    WarmupSchedule.global_batch_size = 1024
+    WarmupSchedule.steps_per_epoch = 1251        # 1,281,167 images / 1024
+    SGD.learning_rate = @WarmupSchedule()
+"""
+
+from typing import Sequence
+
+import gin
+import keras
+import tensorflow as tf
+
+from expframe.errors import ConfigError
+
+_REFERENCE_BATCH = 256  # Goyal et al.: lr 0.1 per 256 examples.
+
+
+@gin.configurable
+@keras.saving.register_keras_serializable(package="expframe")
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear scaling rule + linear warm-up + step or cosine decay (see module docstring).
+
+    Args:
+      base_learning_rate: learning rate for a batch of 256 examples.
+      global_batch_size: examples per optimizer step over all replicas.
+      steps_per_epoch: optimizer steps per epoch (epochs below are converted with it).
+      warmup_epochs: length of the linear warm-up, in epochs (may be fractional; 0 for none).
+      decay: "step" (multiply by `decay_factor` at each of `boundaries_epochs`) or
+        "cosine" (half a cosine from the peak to 0 at `total_epochs`).
+      boundaries_epochs: epochs at whose first step the step decay applies.
+      decay_factor: multiplier per boundary of the step decay.
+      total_epochs: end of the cosine decay (ignored by "step").
+      warmup_initial_learning_rate: learning rate at step 0 (0 by default).
+    """
+
+    def __init__(self,
+                 base_learning_rate: float = 0.1,
+                 global_batch_size: int = gin.REQUIRED,
+                 steps_per_epoch: int = gin.REQUIRED,
+                 warmup_epochs: float = 5,
+                 decay: str = "step",
+                 boundaries_epochs: Sequence[float] = (30, 60, 80),
+                 decay_factor: float = 0.1,
+                 total_epochs: float = 90,
+                 warmup_initial_learning_rate: float = 0.0):
+        if decay not in ("step", "cosine"):
+            raise ConfigError(f"WarmupSchedule.decay={decay!r} must be 'step' or 'cosine'.")
+        if steps_per_epoch < 1 or global_batch_size < 1:
+            raise ConfigError(
+                f"WarmupSchedule needs steps_per_epoch >= 1 and global_batch_size >= 1, got "
+                f"steps_per_epoch={steps_per_epoch!r}, global_batch_size={global_batch_size!r}.")
+        boundaries_epochs = tuple(boundaries_epochs)
+        if list(boundaries_epochs) != sorted(boundaries_epochs):
+            raise ConfigError(f"WarmupSchedule.boundaries_epochs={boundaries_epochs!r} must be increasing.")
+        if decay == "cosine" and not warmup_epochs < total_epochs:
+            raise ConfigError(
+                f"WarmupSchedule.warmup_epochs={warmup_epochs!r} must be less than "
+                f"WarmupSchedule.total_epochs={total_epochs!r} for decay='cosine'.")
+        self.base_learning_rate = base_learning_rate
+        self.global_batch_size = global_batch_size
+        self.steps_per_epoch = steps_per_epoch
+        self.warmup_epochs = warmup_epochs
+        self.decay = decay
+        self.boundaries_epochs = boundaries_epochs
+        self.decay_factor = decay_factor
+        self.total_epochs = total_epochs
+        self.warmup_initial_learning_rate = warmup_initial_learning_rate
+
+        self.peak_learning_rate = base_learning_rate * global_batch_size / _REFERENCE_BATCH
+        self.warmup_steps = int(round(warmup_epochs * steps_per_epoch))
+        self.total_steps = int(round(total_epochs * steps_per_epoch))
+        if decay == "cosine":
+            # Keras' CosineDecay does the warm-up itself: from initial_learning_rate to
+            # warmup_target over warmup_steps, then the cosine over decay_steps.
+            self._after_warmup = keras.optimizers.schedules.CosineDecay(
+                initial_learning_rate=warmup_initial_learning_rate,
+                decay_steps=self.total_steps - self.warmup_steps, alpha=0.0,
+                warmup_target=self.peak_learning_rate, warmup_steps=self.warmup_steps)
+        else:
+            # PiecewiseConstantDecay switches *after* a boundary (step > b); the decayed
+            # rate must apply from the first step of the boundary epoch (step >= e * S).
+            self._after_warmup = keras.optimizers.schedules.PiecewiseConstantDecay(
+                boundaries=[int(round(e * steps_per_epoch)) - 1 for e in boundaries_epochs],
+                values=[self.peak_learning_rate * decay_factor ** i
+                        for i in range(len(boundaries_epochs) + 1)])
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        decayed = tf.cast(self._after_warmup(step), tf.float32)
+        if self.decay == "cosine" or self.warmup_steps == 0:
+            return decayed
+        init, peak = self.warmup_initial_learning_rate, self.peak_learning_rate
+        warming = init + (peak - init) * step / self.warmup_steps
+        return tf.where(step < self.warmup_steps, warming, decayed)
+
+    def get_config(self):
+        return {
+            "base_learning_rate": self.base_learning_rate,
+            "global_batch_size": self.global_batch_size,
+            "steps_per_epoch": self.steps_per_epoch,
+            "warmup_epochs": self.warmup_epochs,
+            "decay": self.decay,
+            "boundaries_epochs": list(self.boundaries_epochs),
+            "decay_factor": self.decay_factor,
+            "total_epochs": self.total_epochs,
+            "warmup_initial_learning_rate": self.warmup_initial_learning_rate,
+        }

@@ -1,0 +1,69 @@
+"""The task interface: what an experiment computes, seen by the trainer.
+
+A task is single-device-looking code. The trainer owns the loop, the replicator,
+checkpoints and metrics; the task owns its networks, optimizers and steps:
+
+  build()                 inside Replicator.scope(): create models, wrapped
+                          optimizers, any state (e.g. a GAN's two networks and two
+                          optimizers, D4PG's actor/critic and target networks).
+  train_input_fn(ctx)     tf.data.Dataset of per-replica elements for one train
+                          step. A GAN yields `disc_steps` sub-batches per element
+                          and loops over them inside train_step; D4PG builds it
+                          from its replay buffer (filled by actor processes).
+  train_step(batch)       replica context: one optimisation step (or a GAN's
+                          discriminator steps + generator step); returns a dict of
+                          per-replica scalars, reduced by mean. Must contain "loss".
+  eval_input_fn(ctx)      tf.data.Dataset for evaluation (None: no eval data).
+  eval_step(batch)        replica context: returns per-replica SUMS plus "count";
+                          the trainer sums over replicas and steps and divides, so
+                          eval metrics are exact global means at any replica count.
+  evaluate(runner)        optional override for evaluation that is not a sum over
+                          batches (FID over generated samples, RL episode returns).
+  trackables()            dict of objects to checkpoint (models, optimizers, ...).
+  write_outputs(dir, step) optional: artefacts such as GAN sample grids.
+"""
+
+from typing import Any, Dict, Optional
+
+import tensorflow as tf
+
+
+class Task:
+    """Base class; subclasses override what they need (see module docstring)."""
+
+    #: Examples consumed per train step over all replicas (for examples/s).
+    examples_per_step: int = 0
+
+    def setup(self, replicator, global_batch_size: int, seed: int, deterministic: bool) -> None:
+        """Called by the trainer before build(): where and how the task runs."""
+        self.replicator = replicator
+        self.global_batch_size = global_batch_size
+        self.per_replica_batch_size = replicator.check_global_batch(global_batch_size)
+        self.examples_per_step = global_batch_size
+        self.seed = seed
+        self.deterministic = deterministic
+
+    def build(self) -> None:
+        raise NotImplementedError
+
+    def train_input_fn(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        raise NotImplementedError
+
+    def train_step(self, batch: Any) -> Dict[str, tf.Tensor]:
+        raise NotImplementedError
+
+    def eval_input_fn(self, ctx: tf.distribute.InputContext) -> Optional[tf.data.Dataset]:
+        return None
+
+    def eval_step(self, batch: Any) -> Dict[str, tf.Tensor]:
+        raise NotImplementedError
+
+    def evaluate(self, runner) -> Optional[Dict[str, float]]:
+        """Default: sums of eval_step over `runner.eval_steps` batches, divided by count."""
+        return runner.evaluate_by_steps()
+
+    def trackables(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def write_outputs(self, model_dir: str, step: int) -> None:
+        """Optional artefacts written by the chief after each evaluation."""

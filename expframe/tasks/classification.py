@@ -1,0 +1,93 @@
+"""Generic image classification: softmax cross-entropy, label smoothing, weight decay, top-k."""
+
+from typing import Any, Callable, Dict, Optional
+
+import gin
+import keras
+import tensorflow as tf
+
+import expframe as xf
+from expframe.tasks.base import Task
+
+
+@gin.configurable
+class ClassificationTask(Task):
+    """Trains `model` on `dataset` with a replica-averaged optimizer.
+
+    Args:
+      model: builds the Keras model (e.g. `@resnet`); takes no arguments, its own
+        configurable supplies depth, classes, norm. Outputs float32 logits.
+      dataset: `fn(split, ctx, batch_size, training, seed, deterministic)` returning a
+        tf.data.Dataset of {"image", "label"} batches of `batch_size` for this
+        input pipeline (e.g. `@shapes_input`, `@imagenet_input`).
+      optimizer: builds the Keras optimizer (e.g. `@keras.optimizers.SGD`), called
+        inside the replicator's scope and wrapped with `wrap_optimizer`.
+      label_smoothing: in [0, 1).
+      weight_decay: L2 coefficient on kernels (rank >= 2); not on biases or norms.
+      train_split, eval_split: dataset splits.
+    """
+
+    def __init__(self, model: Callable[[], keras.Model] = gin.REQUIRED,
+                 dataset: Callable[..., tf.data.Dataset] = gin.REQUIRED,
+                 optimizer: Callable[[], keras.optimizers.Optimizer] = gin.REQUIRED,
+                 label_smoothing: float = 0.0, weight_decay: float = 0.0,
+                 train_split: str = "train", eval_split: Optional[str] = "test"):
+        if not 0.0 <= label_smoothing < 1.0:
+            raise xf.ConfigError(f"ClassificationTask.label_smoothing={label_smoothing!r} must be in [0, 1).")
+        if weight_decay < 0:
+            raise xf.ConfigError(f"ClassificationTask.weight_decay={weight_decay!r} must be >= 0.")
+        self._model_fn, self._dataset_fn, self._optimizer_fn = model, dataset, optimizer
+        self.label_smoothing = label_smoothing
+        self.weight_decay = weight_decay
+        self.train_split, self.eval_split = train_split, eval_split
+
+    def build(self) -> None:
+        self.model = self._model_fn()
+        self.num_classes = int(self.model.output_shape[-1])
+        self.optimizer = xf.wrap_optimizer(self._optimizer_fn())
+        self.optimizer.build(self.model.trainable_variables)
+        self._decayed = [v for v in self.model.trainable_variables if len(v.shape) >= 2]
+
+    def trackables(self) -> Dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def _input(self, split, ctx, training):
+        return self._dataset_fn(split=split, ctx=ctx, batch_size=ctx.get_per_replica_batch_size(self.global_batch_size),
+                                training=training, seed=self.seed, deterministic=self.deterministic)
+
+    def train_input_fn(self, ctx):
+        return self._input(self.train_split, ctx, training=True)
+
+    def eval_input_fn(self, ctx):
+        return None if self.eval_split is None else self._input(self.eval_split, ctx, training=False)
+
+    def _cross_entropy(self, labels, logits):
+        onehot = tf.one_hot(labels, self.num_classes, dtype=logits.dtype)
+        return keras.losses.categorical_crossentropy(
+            onehot, logits, from_logits=True, label_smoothing=self.label_smoothing)
+
+    def train_step(self, batch) -> Dict[str, tf.Tensor]:
+        images, labels = batch["image"], batch["label"]
+        with tf.GradientTape() as tape:
+            logits = tf.cast(self.model(images, training=True), tf.float32)
+            cross_entropy = tf.reduce_mean(self._cross_entropy(labels, logits))
+            loss = cross_entropy
+            if self.weight_decay:
+                loss += self.weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in self._decayed])
+            scaled = self.optimizer.scale_loss(loss)
+        variables = self.model.trainable_variables
+        self.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
+        correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), tf.cast(labels, tf.int32)), tf.float32)
+        return {"loss": loss, "cross_entropy": cross_entropy, "accuracy": tf.reduce_mean(correct)}
+
+    def eval_step(self, batch) -> Dict[str, tf.Tensor]:
+        images, labels = batch["image"], tf.cast(batch["label"], tf.int32)
+        logits = tf.cast(self.model(images, training=False), tf.float32)
+        out = {
+            "count": tf.cast(tf.shape(labels)[0], tf.float32),
+            "loss": tf.reduce_sum(self._cross_entropy(labels, logits)),
+            "top1": tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float32)),
+        }
+        if self.num_classes > 5:
+            out["top5"] = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, 5), tf.float32))
+        return out

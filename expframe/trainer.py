@@ -1,0 +1,206 @@
+"""The host loop: steps_per_loop steps per tf.function call, eval, checkpoints, metrics, resume."""
+
+import datetime
+import math
+import signal
+import time
+from typing import Dict, Optional
+
+import gin
+import tensorflow as tf
+
+from expframe import run_files
+from expframe.errors import ConfigError, RunError
+from expframe.tasks.base import Task
+
+
+def _positive_int(binding: str, value, allow_none: bool = False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{binding}={value!r} must be a positive integer{' or None' if allow_none else ''}.")
+    return value
+
+
+@gin.configurable
+class Trainer:
+    """Runs a Task on a Replicator: train, evaluate, checkpoint, log.
+
+    Args:
+      train_steps: total optimizer steps.
+      global_batch_size: examples per step over all replicas.
+      steps_per_loop: steps per host call, run inside one tf.function.
+      log_every_steps: cadence of the progress line and train metrics.
+      eval_every_steps: cadence of evaluation (None: only at the end).
+      eval_steps: eval batches per evaluation (None: one pass over the eval split).
+      checkpoint_every_steps: cadence of checkpoints (also written at the end and on
+        SIGTERM/SIGINT).
+      max_checkpoints: how many recent checkpoints to keep.
+    """
+
+    def __init__(self, train_steps: int = gin.REQUIRED, global_batch_size: int = gin.REQUIRED,
+                 steps_per_loop: int = 100, log_every_steps: int = 100,
+                 eval_every_steps: Optional[int] = None, eval_steps: Optional[int] = None,
+                 checkpoint_every_steps: int = 1000, max_checkpoints: int = 3):
+        self.train_steps = _positive_int("Trainer.train_steps", train_steps)
+        self.global_batch_size = _positive_int("Trainer.global_batch_size", global_batch_size)
+        self.steps_per_loop = _positive_int("Trainer.steps_per_loop", steps_per_loop)
+        self.log_every_steps = _positive_int("Trainer.log_every_steps", log_every_steps)
+        self.eval_every_steps = _positive_int("Trainer.eval_every_steps", eval_every_steps, allow_none=True)
+        self.eval_steps = _positive_int("Trainer.eval_steps", eval_steps, allow_none=True)
+        self.checkpoint_every_steps = _positive_int("Trainer.checkpoint_every_steps", checkpoint_every_steps)
+        self.max_checkpoints = _positive_int("Trainer.max_checkpoints", max_checkpoints)
+        self._stop_signal = None
+
+    # -- set-up (nothing is written here) ---------------------------------------------
+
+    def prepare(self, replicator, task: Task, seed: int, deterministic: bool) -> None:
+        """Builds the task in the replicator's scope and its input; validates the config."""
+        self.rep, self.task = replicator, task
+        task.setup(replicator, self.global_batch_size, seed, deterministic)
+        with replicator.scope():
+            task.build()
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.train_iterator = iter(replicator.distribute(task.train_input_fn, self.global_batch_size))
+        self.checkpoint = tf.train.Checkpoint(step=self.step, data=self.train_iterator.iterator,
+                                              **task.trackables())
+        self._train_loop = tf.function(self._loop_body)
+        self._eval_step = tf.function(
+            lambda it: replicator.reduce(replicator.run(task.eval_step, it.get_next()), "sum"))
+
+    def _loop_body(self, iterator, num_steps):
+        """num_steps replicated train steps; returns metrics averaged over them."""
+        def one_step():
+            out = self.rep.reduce(self.rep.run(self.task.train_step, iterator.get_next()), "mean")
+            self.step.assign_add(1)
+            return out
+
+        totals = one_step()
+        for _ in tf.range(num_steps - 1):
+            totals = tf.nest.map_structure(tf.add, totals, one_step())
+        return tf.nest.map_structure(lambda t: t / tf.cast(num_steps, t.dtype), totals)
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def restore(self, checkpoint_dir: str) -> int:
+        """Restores the newest readable checkpoint; returns its step (0 if none).
+
+        TensorFlow writes a checkpoint's data files first and then atomically
+        rewrites the `checkpoint` index, so a crash mid-save leaves the previous
+        checkpoint as the latest. Should the newest still be unreadable, older ones
+        are tried in turn.
+        """
+        self.manager = tf.train.CheckpointManager(self.checkpoint, checkpoint_dir,
+                                                  max_to_keep=self.max_checkpoints)
+        for path in reversed(self.manager.checkpoints):
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except (tf.errors.OpError, ValueError, AssertionError) as e:
+                if "not found in checkpoint" in str(e) or "Unresolved object" in str(e):
+                    raise ConfigError(
+                        f"the checkpoint {path} does not match this experiment's model "
+                        "(use a new --model_dir, or the config it was written with).") from None
+                print(f"expframe: could not read {path} ({type(e).__name__}); trying an older checkpoint", flush=True)
+                continue
+            return int(self.step.numpy())
+        return 0
+
+    def save(self) -> str:
+        return self.manager.save(checkpoint_number=int(self.step.numpy()))
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _handle_signal(self, signum, frame):  # pylint: disable=unused-argument
+        self._stop_signal = signum
+
+    def _next_boundary(self, step: int) -> int:
+        ends = [self.train_steps, _next_multiple(step, self.log_every_steps),
+                _next_multiple(step, self.checkpoint_every_steps), step + self.steps_per_loop]
+        if self.eval_every_steps:
+            ends.append(_next_multiple(step, self.eval_every_steps))
+        return min(ends)
+
+    def train(self, out: "run_files.RunFiles", evaluate: bool) -> Dict:
+        """Trains to train_steps from the restored step. Returns the last eval metrics."""
+        step = int(self.step.numpy())
+        previous = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        wrote_operative = False
+        last_eval = {}
+        t_log, step_log, started = time.time(), step, time.time()
+        try:
+            while step < self.train_steps:
+                num = self._next_boundary(step) - step
+                metrics = self._train_loop(self.train_iterator, tf.constant(num, tf.int32))
+                step = int(self.step.numpy())
+                metrics = {k: float(v) for k, v in metrics.items()}
+                if not math.isfinite(metrics["loss"]):
+                    raise RunError(
+                        f"loss is {metrics['loss']} at step {step}; stopped. The last good checkpoint "
+                        f"in {out.checkpoint_dir} is intact (lower the learning rate, or check the data).")
+                if not wrote_operative:
+                    out.write_operative_config(gin.operative_config_str())
+                    wrote_operative = True
+                if step % self.log_every_steps == 0 or step == self.train_steps:
+                    now = time.time()
+                    rate = (step - step_log) * self.task.examples_per_step / max(now - t_log, 1e-9)
+                    out.log_metrics(step, "train", dict(metrics, examples_per_sec=rate))
+                    eta = (self.train_steps - step) * (now - t_log) / max(step - step_log, 1)
+                    out.progress(f"step {step}/{self.train_steps}  loss {metrics['loss']:.4f}  "
+                                 f"{rate:,.1f} examples/s  eta {datetime.timedelta(seconds=int(eta))}")
+                    t_log, step_log = now, step
+                if evaluate and self.eval_every_steps and step % self.eval_every_steps == 0 and step < self.train_steps:
+                    last_eval = self.run_eval(out, step)
+                if step % self.checkpoint_every_steps == 0 or step == self.train_steps:
+                    self.save()
+                if self._stop_signal is not None:
+                    self.save()
+                    out.progress(f"received {signal.Signals(self._stop_signal).name} at step {step}: "
+                                 f"checkpoint saved; rerun the same command to resume")
+                    return {"preempted": True, "step": step}
+            if evaluate:
+                last_eval = self.run_eval(out, step)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        if not wrote_operative:
+            out.write_operative_config(gin.operative_config_str())
+        return {"eval": last_eval, "step": step, "wall_time_s": time.time() - started}
+
+    # -- evaluation -------------------------------------------------------------------
+
+    def run_eval(self, out, step: int) -> Dict[str, float]:
+        metrics = self.task.evaluate(self)
+        if metrics:
+            out.log_metrics(step, "eval", metrics)
+            out.progress("eval at step {}: {}".format(
+                step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())))
+        if self.rep.is_chief:
+            self.task.write_outputs(out.model_dir, step)
+        return metrics or {}
+
+    def evaluate_by_steps(self) -> Optional[Dict[str, float]]:
+        """Sums of the task's eval_step over the eval data, divided by the example count."""
+        workers = self.rep.num_workers
+        ctx = tf.distribute.InputContext(workers, self.rep.worker_index, self.rep.num_replicas)
+        dataset = self.task.eval_input_fn(ctx)
+        if dataset is None:
+            return None
+        steps = self.eval_steps
+        if steps is None:
+            local_batches = int(dataset.cardinality().numpy())
+            if local_batches < 0:
+                raise ConfigError("Trainer.eval_steps is None but the eval data has unknown size; "
+                                  "set Trainer.eval_steps.")
+            steps = max(1, local_batches // (self.rep.num_replicas // workers))
+        iterator = iter(self.rep.distribute(lambda c: self.task.eval_input_fn(c).repeat()))
+        totals = None
+        for _ in range(steps):
+            sums = {k: float(v) for k, v in self._eval_step(iterator).items()}
+            totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
+        count = totals.pop("count")
+        return {k: v / count for k, v in totals.items()}
+
+
+def _next_multiple(step: int, every: int) -> int:
+    return (step // every + 1) * every
