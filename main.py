@@ -10,7 +10,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 flags.DEFINE_multi_string("gin_file", [], "Gin file(s) describing the experiment (repeatable).")
 flags.DEFINE_multi_string("gin_param", [], "Gin binding(s), applied after the files (repeatable).")
@@ -23,6 +23,7 @@ FLAGS = flags.FLAGS
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; pass settings with --gin_param")
+    logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines drown the progress
     from expframe import config, errors, experiment  # pylint: disable=import-outside-toplevel
     if not FLAGS.gin_file:
         print("error: --gin_file is required (e.g. --gin_file=experiments/quickstart.gin)", file=sys.stderr)

@@ -53,10 +53,9 @@ def _suggest(name: str, candidates) -> str:
 
 def _configurable_names():
     names = set()
-    for (module, name) in gin.config._REGISTRY.keys():  # pylint: disable=protected-access
-        names.add(name)
-        if module:
-            names.add(f"{module}.{name}")
+    for selector, _ in gin.config._REGISTRY.items():  # pylint: disable=protected-access
+        names.add(selector)
+        names.add(selector.rsplit(".", 1)[-1])
     return names
 
 

@@ -79,7 +79,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
             f"{os.path.join(model_dir, 'config.gin')} differs from this run's config; resume with the "
             "same gin files and bindings, pass --allow_config_change, or use a new --model_dir.")
     out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
-    step = trainer.restore(out.checkpoint_dir)
+    step = trainer.restore(out.checkpoint_dir, out.restore_dir)
     if mode == "eval" and step == 0:
         raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
     out.start(config_text, step)

@@ -37,63 +37,8 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
-HEARTBEAT_ENV = "EXPFRAME_HEARTBEAT_TIMEOUT_S"
-DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
+from expframe.replicator.cluster import DEFAULT_HEARTBEAT_TIMEOUT_S, HEARTBEAT_ENV, serve
 _PROG = "expframe.launch"
-
-
-# -- fault detection (called by the program, before its strategy exists) ----------------
-
-def configure_fault_detection(timeout_s: Optional[float] = None) -> bool:
-    """Sets the coordination service's heartbeat timeout for this process's cluster.
-
-    TensorFlow's multi-worker strategies run a coordination service (on worker 0, the
-    chief, or ps 0) to which every task sends heartbeats; a task that misses them for
-    `heartbeat_timeout_in_ms` is declared dead and the error reaches every other task,
-    which then fails its pending collectives instead of waiting forever. The agents
-    send a heartbeat every timeout/2. MultiWorkerMirroredStrategy leaves the timeout
-    at TensorFlow's default (10 s) and ParameterServerStrategy at 5 s; both configure
-    the service only when nothing configured it before, so calling this first, before
-    the strategy and before any TensorFlow op runs, sets our timeout instead.
-
-    The config mirrors what the strategies would build (service leader, coordinated
-    jobs), plus the timeout. It reads `TF_CONFIG` for the cluster and is a no-op
-    without one, or with a timeout <= 0.
-
-    Args:
-      timeout_s: heartbeat timeout in seconds; default `$EXPFRAME_HEARTBEAT_TIMEOUT_S`,
-        else 5.
-
-    Returns:
-      True if the coordination service was configured here.
-    """
-    if timeout_s is None:
-        timeout_s = float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_TIMEOUT_S))
-    raw = os.environ.get("TF_CONFIG")
-    if not raw or timeout_s <= 0:
-        return False
-    cluster = json.loads(raw).get("cluster") or {}
-    if not cluster:
-        return False
-    # pylint: disable=g-import-not-at-top
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.distribute import multi_worker_util
-    from tensorflow.python.eager import context
-    ctx = context.context()
-    if ctx.coordination_service is not None:
-        return False
-    if "ps" in cluster:  # ParameterServerStrategy: the coordinator (chief) sets it up.
-        jobs, reconnect = ("worker", "ps"), True
-    else:  # MultiWorkerMirroredStrategy: every worker (and chief) does.
-        jobs, reconnect = ("chief", "worker"), False
-    ctx.configure_coordination_service(
-        service_type="standalone",
-        service_leader=multi_worker_util.coordination_leader(cluster),
-        heartbeat_timeout_in_ms=int(timeout_s * 1000),
-        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name=j, num_tasks=len(cluster[j]))
-                          for j in jobs if j in cluster],
-        allow_new_incarnation_to_reconnect=reconnect)
-    return True
 
 
 # -- cluster -----------------------------------------------------------------------------
@@ -250,23 +195,6 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
 
 
 # -- server mode (ps-mode workers and parameter servers) ---------------------------------
-
-def serve() -> None:
-    """Runs a TensorFlow server for this process's `TF_CONFIG` task until killed."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    config = json.loads(os.environ["TF_CONFIG"])
-    cluster, task = config["cluster"], config["task"]
-    proto = tf.compat.v1.ConfigProto()
-    # Known hang (TF parameter-server tutorial): a worker with fewer inter-op threads
-    # than workers + 1 can deadlock while the coordinator schedules functions on it.
-    proto.inter_op_parallelism_threads = max(len(cluster.get("worker", ())) + 1, os.cpu_count() or 1)
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster), job_name=task["type"], task_index=int(task["index"]),
-        protocol="grpc", config=proto, start=True)
-    print(f"serving {task['type']} {task['index']} at {cluster[task['type']][int(task['index'])]}",
-          flush=True)
-    server.join()
-
 
 def _parse(argv: Sequence[str]):
     argv = list(argv)

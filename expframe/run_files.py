@@ -29,6 +29,8 @@ class RunFiles:
         self.is_chief = is_chief
         self.model_dir = model_dir if is_chief else tempfile.mkdtemp(prefix=f"expframe_worker{worker_index}_")
         self.checkpoint_dir = os.path.join(self.model_dir, "checkpoints")
+        # Every worker resumes from the chief's checkpoints (a filesystem all workers see).
+        self.restore_dir = os.path.join(model_dir, "checkpoints")
         self.metrics_path = os.path.join(self.model_dir, "metrics.jsonl")
         self._writers = {}
 

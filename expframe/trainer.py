@@ -62,9 +62,15 @@ class Trainer:
             task.build()
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.train_iterator = iter(replicator.distribute(task.train_input_fn, self.global_batch_size))
-        self.checkpoint = tf.train.Checkpoint(step=self.step, data=self.train_iterator.iterator,
-                                              **task.trackables())
+        self.asynchronous = replicator.coordinator is not None
+        if self.asynchronous:
+            # parameter_server: per-worker pipelines, whose position cannot be checkpointed.
+            self.train_iterator = replicator.per_worker_iterator(task.train_input_fn)
+            self.checkpoint = tf.train.Checkpoint(step=self.step, **task.trackables())
+        else:
+            self.train_iterator = iter(replicator.distribute(task.train_input_fn, self.global_batch_size))
+            self.checkpoint = tf.train.Checkpoint(step=self.step, data=self.train_iterator.iterator,
+                                                  **task.trackables())
         self._train_loop = tf.function(self._loop_body)
         self._eval_step = tf.function(
             lambda it: replicator.reduce(replicator.run(task.eval_step, it.get_next()), "sum"))
@@ -83,8 +89,24 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------
 
-    def restore(self, checkpoint_dir: str) -> int:
+    def _run_steps(self, num: int) -> Dict[str, float]:
+        """num train steps: one tf.function call, or (parameter_server) spread over the workers."""
+        if not self.asynchronous:
+            metrics = self._train_loop(self.train_iterator, tf.constant(num, tf.int32))
+            return {k: float(v) for k, v in metrics.items()}
+        workers = self.rep.num_workers
+        chunks = [num // workers + (1 if i < num % workers else 0) for i in range(workers)]
+        remote = [(n, self.rep.schedule_steps(self.task.train_step, self.train_iterator, n)) for n in chunks if n]
+        self.rep.join()
+        self.step.assign_add(num)
+        fetched = [(n, self.rep.fetch(r)) for n, r in remote]
+        return {k: sum(n * float(m[k]) for n, m in fetched) / num for k in fetched[0][1]}
+
+    def restore(self, checkpoint_dir: str, read_dir: Optional[str] = None) -> int:
         """Restores the newest readable checkpoint; returns its step (0 if none).
+
+        Checkpoints are written to `checkpoint_dir` and read from `read_dir` (default
+        the same): on a multi-worker cluster every worker resumes from the chief's.
 
         TensorFlow writes a checkpoint's data files first and then atomically
         rewrites the `checkpoint` index, so a crash mid-save leaves the previous
@@ -93,7 +115,11 @@ class Trainer:
         """
         self.manager = tf.train.CheckpointManager(self.checkpoint, checkpoint_dir,
                                                   max_to_keep=self.max_checkpoints)
-        for path in reversed(self.manager.checkpoints):
+        readable = self.manager.checkpoints
+        if read_dir and read_dir != checkpoint_dir:
+            state = tf.train.get_checkpoint_state(read_dir)
+            readable = list(state.all_model_checkpoint_paths) if state else []
+        for path in reversed(readable):
             try:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
             except (tf.errors.OpError, ValueError, AssertionError) as e:
@@ -131,9 +157,8 @@ class Trainer:
         try:
             while step < self.train_steps:
                 num = self._next_boundary(step) - step
-                metrics = self._train_loop(self.train_iterator, tf.constant(num, tf.int32))
+                metrics = self._run_steps(num)
                 step = int(self.step.numpy())
-                metrics = {k: float(v) for k, v in metrics.items()}
                 if not math.isfinite(metrics["loss"]):
                     raise RunError(
                         f"loss is {metrics['loss']} at step {step}; stopped. The last good checkpoint "
@@ -153,7 +178,9 @@ class Trainer:
                     last_eval = self.run_eval(out, step)
                 if step % self.checkpoint_every_steps == 0 or step == self.train_steps:
                     self.save()
-                if self._stop_signal is not None:
+                # Every worker stops at the same step if any of them was signalled.
+                if self.rep.agree(float(self._stop_signal is not None), "max"):
+                    self._stop_signal = self._stop_signal or signal.SIGTERM
                     self.save()
                     out.progress(f"received {signal.Signals(self._stop_signal).name} at step {step}: "
                                  f"checkpoint saved; rerun the same command to resume")
@@ -181,7 +208,7 @@ class Trainer:
 
     def evaluate_by_steps(self) -> Optional[Dict[str, float]]:
         """Sums of the task's eval_step over the eval data, divided by the example count."""
-        workers = self.rep.num_workers
+        workers = 1 if self.asynchronous else self.rep.num_workers
         ctx = tf.distribute.InputContext(workers, self.rep.worker_index, self.rep.num_replicas)
         dataset = self.task.eval_input_fn(ctx)
         if dataset is None:
@@ -192,11 +219,24 @@ class Trainer:
             if local_batches < 0:
                 raise ConfigError("Trainer.eval_steps is None but the eval data has unknown size; "
                                   "set Trainer.eval_steps.")
-            steps = max(1, local_batches // (self.rep.num_replicas // workers))
+            # The same number on every worker, or the collectives would wait forever.
+            steps = int(self.rep.agree(max(1, local_batches // (self.rep.num_replicas // workers)), "min"))
+        if self.asynchronous:
+            return self._evaluate_on_coordinator(dataset, steps)
         iterator = iter(self.rep.distribute(lambda c: self.task.eval_input_fn(c).repeat()))
         totals = None
         for _ in range(steps):
             sums = {k: float(v) for k, v in self._eval_step(iterator).items()}
+            totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
+        count = totals.pop("count")
+        return {k: v / count for k, v in totals.items()}
+
+    def _evaluate_on_coordinator(self, dataset, steps: int) -> Dict[str, float]:
+        """parameter_server: evaluation runs inline on the coordinator, reading the ps variables."""
+        step_fn = tf.function(self.task.eval_step)
+        totals = None
+        for batch in dataset.repeat().take(steps):
+            sums = {k: float(v) for k, v in step_fn(batch).items()}
             totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
         count = totals.pop("count")
         return {k: v / count for k, v in totals.items()}

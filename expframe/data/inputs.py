@@ -28,12 +28,13 @@ def _finish(dataset, ctx, batch_size, training, seed):
 def shapes_input(split: str, ctx: tf.distribute.InputContext, batch_size: int, training: bool,
                  seed: int = 0, deterministic: bool = False, image_size: int = 32,
                  data_dir: Optional[str] = None, num_train: Optional[int] = None,
-                 num_test: Optional[int] = None) -> tf.data.Dataset:
-    """The offline `shapes` dataset (generated locally on first use), scaled to [-1, 1].
+                 num_test: Optional[int] = None, standardize: bool = True) -> tf.data.Dataset:
+    """The offline `shapes` dataset (generated locally on first use).
 
     Args (bindable): image_size (32 or 64), data_dir (TFDS data dir; default
     $TFDS_DATA_DIR or ~/tensorflow_datasets), num_train / num_test (smaller builds
-    for tests).
+    for tests), standardize (per-image zero mean and unit variance, which removes
+    the random background colour and brightness; False scales to [-1, 1]).
     """
     del deterministic  # tf.data keeps element order by default; the seed fixes the shuffle.
     from expframe.data import shapes  # pylint: disable=import-outside-toplevel
@@ -43,7 +44,8 @@ def shapes_input(split: str, ctx: tf.distribute.InputContext, batch_size: int, t
                                  num_train=num_train, num_test=num_test).cache()
 
     def prepare(example):
-        image = tf.cast(example["image"], tf.float32) / 127.5 - 1.0
+        image = tf.cast(example["image"], tf.float32)
+        image = tf.image.per_image_standardization(image) if standardize else image / 127.5 - 1.0
         return {"image": image, "label": tf.cast(example["label"], tf.int32), "id": example["id"]}
 
     dataset = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)

@@ -50,7 +50,7 @@ IMAGENET_DEPTHS = {
     101: ((3, 4, 23, 3), True),
     152: ((3, 8, 36, 3), True),
 }
-CIFAR_DEPTHS = (20, 32, 44, 56, 110)
+CIFAR_DEPTHS = (8, 14, 20, 32, 44, 56, 110)
 _BOTTLENECK_EXPANSION = 4
 
 

@@ -55,6 +55,11 @@ class ReplicatedOptimizer(tf.Module):
             raise ConfigError(
                 "wrap_optimizer: the Keras optimizer was created outside the Replicator's scope; "
                 "create it inside `with replicator.scope():` (its variables must be replicated).")
+        if (accumulate_steps > 1 or loss_scale == "dynamic") and isinstance(
+                strategy, tf.distribute.experimental.ParameterServerStrategy):
+            raise ConfigError(
+                "wrap_optimizer: accumulate_steps > 1 and dynamic loss scaling need synchronous "
+                "replicas; they are not available with Replicator.target='parameter_server'.")
         self.optimizer = optimizer
         self.accumulate_steps = accumulate_steps
         self.clip_global_norm = clip_global_norm

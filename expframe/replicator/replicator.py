@@ -10,10 +10,14 @@ import gin
 import tensorflow as tf
 
 from expframe.errors import ConfigError
-from expframe.replicator import targets
+from expframe.replicator import collectives, targets
 from expframe.replicator.inputs import DistributedInput
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")
+
+
+_AGREE_FNS = {"max": lambda v: collectives.all_reduce(v, "max"),
+              "min": lambda v: collectives.all_reduce(v, "min")}
 
 # Work that must run in cross-replica context right after a replicated step, such as
 # an accumulating optimizer's conditional update (a collective cannot sit inside a
@@ -71,6 +75,9 @@ class Replicator:
 
     @property
     def num_workers(self) -> int:
+        """Processes that run steps: hosts for multi_worker, workers for parameter_server, else 1."""
+        if self.target == "parameter_server":
+            return self.strategy.cluster_resolver.cluster_spec().num_tasks("worker")
         if self.target == "multi_worker":
             return self.strategy.cluster_resolver.cluster_spec().num_tasks("worker") + (
                 self.strategy.cluster_resolver.cluster_spec().num_tasks("chief"))
@@ -129,11 +136,11 @@ class Replicator:
         return DistributedInput(self.strategy, input_fn, self.num_workers, self.worker_index)
 
     def per_worker_iterator(self, input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]):
-        """parameter_server only: a per-worker iterator to pass to `run` (not checkpointable)."""
-        def dataset_fn():
-            # The coordinator calls this once per worker; each worker shuffles on its own.
-            return input_fn(tf.distribute.InputContext())
-        return iter(self.coordinator.create_per_worker_dataset(dataset_fn))
+        """parameter_server only: per-worker iterators for `schedule_steps` (not checkpointable).
+
+        `input_fn` gets an InputContext whose input_pipeline_id is the worker index.
+        """
+        return iter(self.coordinator.create_per_worker_dataset(input_fn))
 
     # -- compute ---------------------------------------------------------------------
 
@@ -168,6 +175,40 @@ class Replicator:
                 self.strategy.run(lambda t: tf.reshape(t, [1, -1]), args=(v,)), axis=0)
             return tf.reshape(fn(gathered, axis=0), tf.shape(self.local_results(v)[0]))
         return tf.nest.map_structure(reduce_one, values)
+
+    def agree(self, value: float, op: str = "max") -> float:
+        """The same Python number on every worker: `op` over all workers' `value`.
+
+        Used by the host loop so that every worker stops (preemption) or evaluates
+        for the same number of steps; free with one worker.
+        """
+        if self.num_workers == 1 or self.coordinator is not None:
+            return value  # one host loop decides alone
+        if not hasattr(self, "_agree_fn"):
+            self._agree_fn = tf.function(lambda v, fn: self.strategy.run(fn, args=(v,)))
+        fn = _AGREE_FNS[op]
+        return float(self.local_results(self._agree_fn(tf.constant(float(value)), fn))[0])
+
+    def schedule_steps(self, step_fn: Callable[..., Any], per_worker_iterator, num_steps: int) -> Any:
+        """parameter_server: schedules `num_steps` steps of `step_fn(next(iterator))` on a free worker.
+
+        Returns a RemoteValue of the step outputs averaged over the steps.
+        """
+        if not hasattr(self, "_worker_loops"):
+            self._worker_loops = {}
+        loop = self._worker_loops.get(step_fn)
+        if loop is None:
+            def worker_loop(iterator, n):
+                totals = self.strategy.run(step_fn, args=(next(iterator),))
+                for _ in tf.range(n - 1):
+                    totals = tf.nest.map_structure(tf.add, totals, self.strategy.run(step_fn, args=(next(iterator),)))
+                return tf.nest.map_structure(lambda t: t / tf.cast(n, t.dtype), totals)
+            loop = self._worker_loops[step_fn] = tf.function(worker_loop)
+        return self.coordinator.schedule(loop, args=(per_worker_iterator, tf.constant(num_steps, tf.int32)))
+
+    def fetch(self, remote_value: Any) -> Any:
+        """parameter_server: the value of a RemoteValue (waits for it)."""
+        return tf.nest.map_structure(lambda v: v.fetch(), remote_value)
 
     def local_results(self, value: Any) -> tuple:
         """The values held by this process's replicas, as a tuple."""

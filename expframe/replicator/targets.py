@@ -11,6 +11,7 @@ from typing import Optional
 import tensorflow as tf
 
 from expframe.errors import ConfigError
+from expframe.replicator import cluster
 
 TARGETS = ("cpu", "gpu", "tpu", "multi_worker", "parameter_server", "auto")
 
@@ -135,6 +136,7 @@ def _resolver():
 
 def _multi_worker_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
     resolver = _resolver()
+    cluster.configure_fault_detection()
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -149,6 +151,7 @@ def _multi_worker_strategy(num_replicas: Optional[int]) -> tf.distribute.Strateg
 def _parameter_server_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
     del num_replicas  # Set by the cluster: one replica per worker, asynchronous.
     resolver = _resolver()
+    cluster.configure_fault_detection()
     return tf.distribute.ParameterServerStrategy(resolver)
 
 

@@ -1,0 +1,172 @@
+"""The experiment runner through its real entry point, main.py (DESIGN.md: CLI, Run outputs)."""
+
+import glob
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import main_runner as mr
+
+QUICKSTART = "experiments/quickstart.gin"
+DETERMINISTIC = mr.SMALL + ("run_experiment.deterministic = True",)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tfds")
+    from expframe.data import shapes
+    for split in ("train", "test"):
+        shapes.load_shapes(split, size=32, data_dir=str(path), num_train=512, num_test=64)
+    return path
+
+
+def _weights(model_dir):
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+    names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
+    assert names, "no model variables in the checkpoint"
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def _latest_step(model_dir):
+    return int(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).rsplit("-", 1)[1])
+
+
+def test_quickstart_smoke_writes_every_output(data_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    done = mr.run([QUICKSTART], model_dir, data_dir, mr.SMALL + ("Trainer.train_steps = 4",))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("config.gin", "operative_config.gin", "metrics.jsonl", "result.json"):
+        assert (model_dir / name).is_file(), name
+    assert glob.glob(str(model_dir / "train" / "events.out.tfevents.*"))
+    assert glob.glob(str(model_dir / "eval" / "events.out.tfevents.*"))
+    assert _latest_step(model_dir) == 4
+    result = json.loads((model_dir / "result.json").read_text())
+    assert (result["step"], result["target"], result["num_replicas"], result["global_batch_size"]) == (4, "cpu", 2, 16)
+    assert 0.0 <= result["eval"]["top1"] <= 1.0 and "top5" in result["eval"]
+    train = mr.metrics(model_dir, "train")
+    assert [r["step"] for r in train] == [2, 4]
+    assert all(np.isfinite(r["loss"]) and r["examples_per_sec"] > 0 for r in train)
+    # The command-line binding took effect and is recorded.
+    operative = (model_dir / "operative_config.gin").read_text()
+    assert "Trainer.train_steps = 4" in operative and "resnet.depth = 8" in operative
+    assert "Trainer.train_steps = 4" in (model_dir / "config.gin").read_text()
+    assert "step 4/4" in done.stdout and "examples/s" in done.stdout and "eta" in done.stdout
+
+
+def test_one_and_two_replicas_give_the_same_losses(data_dir, tmp_path):
+    losses = {}
+    for n in (1, 2):
+        done = mr.run([QUICKSTART], tmp_path / f"r{n}", data_dir,
+                      DETERMINISTIC + (f"Replicator.num_replicas = {n}", "Trainer.log_every_steps = 1",
+                                       "Trainer.steps_per_loop = 1"), extra=["--mode=train"])
+        assert done.returncode == 0, done.stderr
+        losses[n] = [r["loss"] for r in mr.metrics(tmp_path / f"r{n}", "train")]
+    assert len(losses[1]) == 6
+    np.testing.assert_allclose(losses[2], losses[1], rtol=1e-5, atol=1e-6)
+    assert len(set(np.round(losses[1], 6))) > 1, "losses did not change: nothing was trained"
+
+
+def test_sigkill_and_resume_equals_uninterrupted(data_dir, tmp_path):
+    params = DETERMINISTIC + ("Trainer.train_steps = 12", "Trainer.steps_per_loop = 1",
+                              "Trainer.log_every_steps = 1", "Trainer.checkpoint_every_steps = 3")
+    straight = mr.run([QUICKSTART], tmp_path / "straight", data_dir, params, extra=["--mode=train"])
+    assert straight.returncode == 0, straight.stderr
+    killed_dir = tmp_path / "killed"
+    proc = mr.start([QUICKSTART], killed_dir, data_dir, params, extra=["--mode=train"])
+    mr.wait_for_line(proc, "step 7/12")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _latest_step(killed_dir) in (6, 3)
+    resumed = mr.run([QUICKSTART], killed_dir, data_dir, params, extra=["--mode=train"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from step" in resumed.stdout
+    a, b = _weights(tmp_path / "straight"), _weights(killed_dir)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    timeless = lambda rows: [{k: v for k, v in r.items() if k != "examples_per_sec"} for r in rows]
+    assert timeless(mr.metrics(killed_dir)) == timeless(mr.metrics(tmp_path / "straight"))
+    assert len(mr.metrics(killed_dir, "train")) == 12
+
+
+def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(data_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    params = mr.SMALL + ("Trainer.train_steps = 100000", "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
+                         "Trainer.checkpoint_every_steps = 100000")
+    proc = mr.start([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
+    mr.wait_for_line(proc, "step 3/")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "received SIGTERM" in out and "checkpoint saved" in out
+    step = _latest_step(model_dir)
+    assert step >= 3
+    assert f"at step {step}:" in out
+    assert not (model_dir / "result.json").exists()
+    rerun = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=eval"])
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resuming from step {step}" in rerun.stdout
+
+
+def test_nan_loss_exits_1_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    params = mr.SMALL + ("keras.optimizers.SGD.learning_rate = 1e30", "Trainer.train_steps = 50",
+                         "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1", "Trainer.checkpoint_every_steps = 1")
+    done = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = [l for l in done.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "loss is nan" in lines[0].lower() or "loss is inf" in lines[0].lower(), done.stderr
+    failed_at = int(lines[0].split("at step ")[1].split(";")[0])
+    good = _latest_step(model_dir)
+    assert good == failed_at - 1
+    for name, value in _weights(model_dir).items():
+        assert np.all(np.isfinite(value)), name
+    assert not (model_dir / "result.json").exists()
+
+
+BAD_INPUTS = [
+    ("misspelt configurable", ["Trainr.train_steps = 5"], "unknown configurable 'Trainr'; did you mean 'Trainer'"),
+    ("misspelt parameter", ["Trainer.train_step = 5"], "'Trainer' has no parameter 'train_step'; did you mean 'train_steps'"),
+    ("wrong type", ["Trainer.train_steps = 'many'"], "Trainer.train_steps='many' must be a positive integer"),
+    ("batch not divisible", ["Trainer.global_batch_size = 15"], "Trainer.global_batch_size=15 is not divisible by the 2 replicas"),
+    ("unknown target", ["Replicator.target = 'tpuv9'"], "Replicator.target='tpuv9' is not a known target"),
+    ("gpu without a gpu", ["Replicator.target = 'gpu'"], "target='gpu' but TensorFlow sees no GPU"),
+    ("bad image size", ["shapes_input.image_size = 48"], "shapes_input.image_size=48: use 32 or 64"),
+    ("gin syntax error", ["Trainer.train_steps = = 3"], "--gin_param="),
+    ("bad precision", ["run_experiment.precision = 'float8'"], "run_experiment.precision='float8'"),
+    ("bad resnet depth", ["resnet.depth = 19"], "resnet.depth=19 is not a ResNet depth"),
+]
+
+
+def test_bad_inputs_exit_2_with_one_line_and_write_nothing(data_dir, tmp_path):
+    procs = []
+    for i, (what, params, _) in enumerate(BAD_INPUTS):
+        procs.append(mr.start([QUICKSTART], tmp_path / f"bad{i}", data_dir, mr.SMALL + tuple(params)))
+    procs.append(mr.start(["experiments/no_such.gin"], tmp_path / "badfile", data_dir))
+    expected = [e for _, _, e in BAD_INPUTS] + ["--gin_file=experiments/no_such.gin: no such file"]
+    for i, (proc, pattern) in enumerate(zip(procs, expected)):
+        out, _ = proc.communicate(timeout=300)
+        errors = [l for l in out.splitlines() if l.startswith("error:")]
+        assert proc.returncode == 2, (pattern, out[-2000:])
+        assert len(errors) == 1 and pattern in errors[0], (pattern, errors, out[-2000:])
+        assert "Traceback" not in out
+    for path in list(tmp_path.glob("bad*")):
+        assert not path.exists() or not any(path.iterdir()), f"{path} was written"
+
+
+def test_config_change_refused_on_resume_unless_allowed(data_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    params = mr.SMALL + ("Trainer.train_steps = 2",)
+    assert mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"]).returncode == 0
+    before = sorted(p.name for p in model_dir.iterdir())
+    changed = mr.run([QUICKSTART], model_dir, data_dir, params + ("Trainer.train_steps = 4",), extra=["--mode=train"])
+    assert changed.returncode == 2 and "differs from this run's config" in changed.stderr
+    assert sorted(p.name for p in model_dir.iterdir()) == before
+    allowed = mr.run([QUICKSTART], model_dir, data_dir, params + ("Trainer.train_steps = 4",),
+                     extra=["--mode=train", "--allow_config_change"])
+    assert allowed.returncode == 0, allowed.stderr
+    assert _latest_step(model_dir) == 4
