@@ -114,7 +114,8 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(data_dir, tmp_path):
 
 def test_nan_loss_exits_1_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     model_dir = tmp_path / "run"
-    params = mr.SMALL + ("keras.optimizers.SGD.learning_rate = 1e30", "Trainer.train_steps = 50",
+    params = mr.SMALL + ("ClassificationTask.optimizer = @keras.optimizers.SGD",
+                         "keras.optimizers.SGD.learning_rate = 1e30", "Trainer.train_steps = 50",
                          "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1", "Trainer.checkpoint_every_steps = 1")
     done = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
     assert done.returncode == 1, done.stdout + done.stderr

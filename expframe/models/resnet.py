@@ -127,6 +127,7 @@ def resnet(depth: int = gin.REQUIRED,
            width_multiplier: int = 1,
            bn_momentum: float = 0.9,
            bn_epsilon: float = 1e-5,
+           stem_stride: int = 1,
            name: str = None) -> keras.Model:
     """Builds a ResNet that maps float images to float32 logits (no softmax).
 
@@ -144,6 +145,8 @@ def resnet(depth: int = gin.REQUIRED,
       bn_momentum: Keras momentum of the moving statistics (moving = m * moving +
         (1 - m) * batch), 0.9 as in torchvision's 0.1.
       bn_epsilon: added to the variance in every norm layer.
+      stem_stride: stride of the CIFAR family's 3x3 stem (1 as in the paper; 2 halves
+        every stage's resolution: about 4x fewer FLOPs, for small CPU runs).
       name: model name; default `resnet{depth}`.
 
     Returns:
@@ -164,7 +167,9 @@ def resnet(depth: int = gin.REQUIRED,
     if depth in IMAGENET_DEPTHS:
         x = _imagenet_trunk(b, inputs, *IMAGENET_DEPTHS[depth], width=64 * width_multiplier)
     else:
-        x = _cifar_trunk(b, inputs, (depth - 2) // 6, width=16 * width_multiplier)
+        if stem_stride not in (1, 2):
+            raise ConfigError(f"resnet.stem_stride={stem_stride!r}: use 1 or 2.")
+        x = _cifar_trunk(b, inputs, (depth - 2) // 6, width=16 * width_multiplier, stem_stride=stem_stride)
     x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
     logits = keras.layers.Dense(
         num_classes, kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
@@ -185,8 +190,8 @@ def _imagenet_trunk(b: _Builder, x, blocks: Sequence[int], bottleneck: bool, wid
     return x
 
 
-def _cifar_trunk(b: _Builder, x, blocks_per_stage: int, width: int):
-    x = b.conv(x, width, 3, 1, "stem_conv")
+def _cifar_trunk(b: _Builder, x, blocks_per_stage: int, width: int, stem_stride: int = 1):
+    x = b.conv(x, width, 3, stem_stride, "stem_conv")
     x = keras.layers.ReLU(name="stem_relu")(b.bn(x, "stem_bn"))
     for s in range(1, 4):
         for i in range(1, blocks_per_stage + 1):

@@ -158,3 +158,16 @@ class ResNetTest(TestCase):
         self.assertEqual(model.name, "resnet20")
         self.assertEqual(model.output.shape, (None, 10))
         np.testing.assert_array_equal(model.get_layer("stage1_block1_bn2").gamma.numpy(), 1.0)
+
+
+class StemStrideTest(tf.test.TestCase):
+
+    def test_stem_stride_halves_every_stage(self):
+        plain = resnet(depth=8, num_classes=10, input_shape=(32, 32, 3))
+        strided = resnet(depth=8, num_classes=10, input_shape=(32, 32, 3), stem_stride=2)
+        self.assertEqual(plain.get_layer("stem_conv").output.shape[1], 32)
+        self.assertEqual(strided.get_layer("stem_conv").output.shape[1], 16)
+        self.assertEqual(strided.count_params(), plain.count_params())
+        self.assertEqual(strided(tf.zeros([2, 32, 32, 3])).shape, (2, 10))
+        with self.assertRaisesRegex(ConfigError, "resnet.stem_stride=3"):
+            resnet(depth=8, num_classes=10, input_shape=(32, 32, 3), stem_stride=3)

@@ -1,0 +1,270 @@
+"""ResNet-50 training throughput: expframe's Trainer vs a hand-written loop vs Keras fit.
+
+    python benchmarks/resnet50_throughput.py            # ~10 minutes on 2 cores
+    python benchmarks/resnet50_throughput.py --quick    # ~2 minutes
+
+For each image size (224 and a smaller one), replica count (1 and 2 logical CPU
+devices) and precision (float32, mixed_bfloat16) it builds the same ResNet-50 v1.5
+(`expframe.models.resnet.resnet(depth=50)`, Keras BatchNormalization, 1000 classes)
+three times, fresh under each Keras precision policy, and trains it on one
+synthetic in-memory batch (`from_tensors(batch).repeat()`) with SGD + momentum:
+
+  expframe     `ClassificationTask` + `Replicator('cpu', n)` + `Trainer`, timing one
+               `trainer._train_loop(iterator, k)` host call (k steps in one tf.function).
+  handwritten  `MirroredStrategy` over the same devices, one tf.function running
+               `strategy.run(step)` k times in `tf.range`; gradients / replicas into
+               the plain Keras optimizer (which sums over replicas).
+  keras_fit    `model.compile(..., steps_per_execution=k)` in the same strategy's
+               scope, timing `model.fit(dataset, epochs=1, steps_per_epoch=k)` calls
+               (so each call includes fit's own per-call set-up: iterator, callbacks).
+
+The three are timed interleaved (one call each, in rotating order) and compared by
+median images/s. It also measures the machine's peak matmul rate (a square
+tf.matmul, float32 and bfloat16) and reports model FLOPs utilisation:
+
+    MFU = 3 x 4.1 GFLOP x (size / 224)^2 x images/s / peak matmul GFLOP/s
+
+(3 x the forward FLOPs: forward + backward; 4.1 GFLOPs = one 224x224 forward pass,
+counting a multiply-add as 2 FLOPs... as usually quoted, i.e. 4.1 G multiply-adds
+would be 8.2 GFLOP; we follow the issue's convention of 4.1 GFLOPs per forward pass,
+so MFU here is comparable with other reports that use that number).
+
+Results: a table on stdout and JSON in `benchmarks/results/resnet50_throughput.json`.
+"""
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import expframe  # noqa: E402  (sets the CPU allocator before TensorFlow starts)
+
+expframe.split_cpu(2)  # before any TensorFlow op: 2 logical CPU devices
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from expframe.models.resnet import resnet  # noqa: E402
+from expframe.replicator import targets  # noqa: E402
+from expframe.tasks.classification import ClassificationTask  # noqa: E402
+from expframe.trainer import Trainer  # noqa: E402
+
+FORWARD_GFLOP_224 = 4.1  # ResNet-50 forward pass at 224x224, per image (the issue's figure)
+NUM_CLASSES = 1000
+LEARNING_RATE, MOMENTUM = 0.1, 0.9
+RUNNERS = ("expframe", "handwritten", "keras_fit")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "resnet50_throughput.json")
+
+
+# -- the machine ------------------------------------------------------------------------
+
+def peak_matmul_gflops(n: int, repeats: int) -> dict:
+    """Median GFLOP/s (2 n^3 per product) of an n x n tf.matmul, float32 and bfloat16."""
+    out = {}
+    for dtype in (tf.float32, tf.bfloat16):
+        a = tf.cast(tf.random.stateless_normal((n, n), seed=(1, 2)), dtype)
+        b = tf.cast(tf.random.stateless_normal((n, n), seed=(3, 4)), dtype)
+        product = tf.function(lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[0, :1], tf.float32)))
+        product(a, b).numpy()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            product(a, b).numpy()
+            times.append(time.perf_counter() - start)
+        out[dtype.name] = 2 * n ** 3 / statistics.median(times) / 1e9
+    return out
+
+
+# -- the three ways to train ------------------------------------------------------------
+
+def synthetic_batch(batch_size: int, size: int):
+    rng = np.random.default_rng(0)
+    return {"image": rng.standard_normal((batch_size, size, size, 3)).astype(np.float32),
+            "label": rng.integers(0, NUM_CLASSES, batch_size).astype(np.int32)}
+
+
+def build_model(size: int) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    return resnet(depth=50, num_classes=NUM_CLASSES, input_shape=(size, size, 3))
+
+
+def build_optimizer() -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
+
+
+class ExpframeRunner:
+    """The Trainer's host call, prepared as run_experiment prepares it."""
+
+    def __init__(self, size, num_replicas, global_batch, steps):
+        def dataset(split, ctx, batch_size, training, seed, deterministic):
+            del split, ctx, training, seed, deterministic
+            return tf.data.Dataset.from_tensors(synthetic_batch(batch_size, size)).repeat()
+
+        task = ClassificationTask(model=lambda: build_model(size), dataset=dataset,
+                                  optimizer=build_optimizer, eval_split=None)
+        self.trainer = Trainer(train_steps=10 ** 9, global_batch_size=global_batch, steps_per_loop=steps)
+        self.trainer.prepare(expframe.Replicator("cpu", num_replicas), task, seed=0, deterministic=False)
+        self.steps = steps
+
+    def __call__(self) -> float:
+        t = self.trainer
+        return float(t._train_loop(t.train_iterator, tf.constant(self.steps, tf.int32))["loss"])  # pylint: disable=protected-access
+
+
+class HandwrittenRunner:
+    """A minimal custom training loop over `strategy.run`."""
+
+    def __init__(self, size, num_replicas, global_batch, steps):
+        strategy = tf.distribute.MirroredStrategy(devices=targets.cpu_devices(num_replicas))
+        with strategy.scope():
+            model, optimizer = build_model(size), build_optimizer()
+            optimizer.build(model.trainable_variables)
+        per_replica = global_batch // num_replicas
+        self.iterator = iter(strategy.distribute_datasets_from_function(
+            lambda ctx: tf.data.Dataset.from_tensors(synthetic_batch(per_replica, size)).repeat()))
+
+        def step(batch):
+            with tf.GradientTape() as tape:
+                logits = tf.cast(model(batch["image"], training=True), tf.float32)
+                onehot = tf.one_hot(batch["label"], NUM_CLASSES)
+                loss = tf.reduce_mean(keras.losses.categorical_crossentropy(onehot, logits, from_logits=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip([g / num_replicas for g in grads], model.trainable_variables))
+            return loss
+
+        @tf.function
+        def loop(iterator, k):
+            loss = strategy.run(step, args=(next(iterator),))
+            for _ in tf.range(k - 1):
+                loss = strategy.run(step, args=(next(iterator),))
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
+
+        self._loop, self.steps, self.model = loop, steps, model
+
+    def __call__(self) -> float:
+        return float(self._loop(self.iterator, tf.constant(self.steps, tf.int32)))
+
+
+class KerasFitRunner:
+    """`model.fit` with the same strategy, model, batch and optimizer."""
+
+    def __init__(self, size, num_replicas, global_batch, steps):
+        strategy = tf.distribute.MirroredStrategy(devices=targets.cpu_devices(num_replicas))
+        with strategy.scope():
+            self.model = build_model(size)
+            self.model.compile(optimizer=build_optimizer(),
+                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                               steps_per_execution=steps)
+        self.dataset = tf.data.Dataset.from_tensors(synthetic_batch(global_batch, size)).repeat()
+        self.steps = steps
+
+    def __call__(self) -> float:
+        history = self.model.fit(self.dataset, epochs=1, steps_per_epoch=self.steps, verbose=0)
+        return float(history.history["loss"][-1])
+
+
+def measure(size, num_replicas, precision, global_batch, steps, repeats) -> dict:
+    """Images/s of the three runners on one configuration, timed interleaved."""
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        runners, build_s, first_s = {}, {}, {}
+        for name, cls in zip(RUNNERS, (ExpframeRunner, HandwrittenRunner, KerasFitRunner)):
+            start = time.perf_counter()
+            runners[name] = cls(size, num_replicas, global_batch, steps)
+            build_s[name] = time.perf_counter() - start
+            start = time.perf_counter()
+            runners[name]()  # trace + first steps, not timed
+            first_s[name] = time.perf_counter() - start
+        times = {name: [] for name in RUNNERS}
+        for i in range(repeats):
+            order = RUNNERS[i % 3:] + RUNNERS[:i % 3]  # rotate who goes first
+            for name in order:
+                start = time.perf_counter()
+                loss = runners[name]()
+                times[name].append(time.perf_counter() - start)
+                if not np.isfinite(loss):
+                    raise RuntimeError(f"{name}: loss {loss} at size {size}, {num_replicas} replicas, {precision}")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    row = {"image_size": size, "num_replicas": num_replicas, "precision": precision,
+           "global_batch_size": global_batch, "steps_per_call": steps, "repeats": repeats}
+    for name in RUNNERS:
+        median = statistics.median(times[name])
+        row[name] = {"images_per_sec": steps * global_batch / median, "median_s_per_call": median,
+                     "times_s": times[name], "build_s": build_s[name], "first_call_s": first_s[name]}
+    for name in ("handwritten", "keras_fit"):
+        row[f"expframe_over_{name}"] = row["expframe"]["images_per_sec"] / row[name]["images_per_sec"]
+        # Paired per-repeat ratios are steadier on a shared machine.
+        row[f"expframe_over_{name}_paired"] = statistics.median(
+            [o / e for e, o in zip(times["expframe"], times[name])])
+    del runners
+    gc.collect()
+    return row
+
+
+def mfu(images_per_sec: float, size: int, peak_gflops: float) -> float:
+    train_gflop_per_image = 3 * FORWARD_GFLOP_224 * (size / 224) ** 2
+    return train_gflop_per_image * images_per_sec / peak_gflops
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="~2 minutes: fewer configurations and steps")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None)
+    parser.add_argument("--replicas", type=int, nargs="+", default=None)
+    parser.add_argument("--precisions", nargs="+", default=None)
+    parser.add_argument("--global_batch_size", type=int, default=None)
+    parser.add_argument("--steps_per_call", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--out", default=RESULTS)
+    args = parser.parse_args()
+    if args.quick:
+        defaults = dict(sizes=[224, 128], replicas=[2], precisions=["float32"], global_batch_size=4,
+                        steps_per_call=1, repeats=3, matmul_n=1024)
+    else:
+        defaults = dict(sizes=[224, 128], replicas=[1, 2], precisions=["float32", "mixed_bfloat16"],
+                        global_batch_size=8, steps_per_call=2, repeats=3, matmul_n=2048)
+    cfg = {k: (getattr(args, k, None) or v) for k, v in defaults.items()}
+
+    started = time.perf_counter()
+    peak = peak_matmul_gflops(cfg["matmul_n"], repeats=5)
+    print(f"peak matmul ({cfg['matmul_n']}^2): float32 {peak['float32']:.1f} GFLOP/s, "
+          f"bfloat16 {peak['bfloat16']:.1f} GFLOP/s", flush=True)
+    print(f"ResNet-50, global batch {cfg['global_batch_size']}, {cfg['steps_per_call']} step(s) per call, "
+          f"{cfg['repeats']} interleaved repeats; images/s (MFU)")
+    print(f"{'size':>4} {'rep':>3} {'precision':>14} | {'expframe':>14} {'handwritten':>14} {'keras_fit':>14} "
+          f"| {'xf/hand':>7} {'xf/fit':>7}")
+    rows = []
+    for size in cfg["sizes"]:
+        for n in cfg["replicas"]:
+            for precision in cfg["precisions"]:
+                row = measure(size, n, precision, cfg["global_batch_size"], cfg["steps_per_call"], cfg["repeats"])
+                peak_for = peak["bfloat16" if "bfloat16" in precision else "float32"]
+                for name in RUNNERS:
+                    row[name]["mfu"] = mfu(row[name]["images_per_sec"], size, peak_for)
+                row["peak_gflops_used"] = peak_for
+                rows.append(row)
+                cells = " ".join(f"{row[r]['images_per_sec']:>7.2f} ({row[r]['mfu']:>4.0%})" for r in RUNNERS)
+                print(f"{size:>4} {n:>3} {precision:>14} | {cells} | {row['expframe_over_handwritten_paired']:>7.3f} "
+                      f"{row['expframe_over_keras_fit_paired']:>7.3f}", flush=True)
+    result = {"benchmark": "resnet50_throughput", "quick": args.quick, "config": cfg,
+              "peak_matmul_gflops": peak, "forward_gflop_per_image_224": FORWARD_GFLOP_224,
+              "tensorflow": tf.__version__, "keras": keras.__version__,
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+              "wall_s": time.perf_counter() - started, "results": rows}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {args.out} ({result['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+"""Multi-process targets end to end: `python -m expframe.launch` + main.py on 127.0.0.1.
+
+Issue 5's acceptance: a 2-worker MultiWorkerMirroredStrategy run gives the same
+losses as 2 local replicas, each example of an epoch is read by exactly one worker,
+parameter_server trains, SIGTERM checkpoints and resumes, a dead or hung worker
+fails the run within seconds, and a bad TF_CONFIG is a configuration error.
+
+Every test starts processes that import TensorFlow (seconds each on a small CPU),
+so programs other than main.py are small scripts written into tmp_path.
+"""
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from tests import main_runner as mr
+
+QUICKSTART = "experiments/quickstart.gin"
+MULTI_WORKER = ("Replicator.target = 'multi_worker'", "Replicator.num_replicas = None")
+LAUNCH = [sys.executable, "-m", "expframe.launch"]
+
+# Workaround, in the child processes only, for expframe/replicator/replicator.py
+# `Replicator.num_workers`: on a cluster without a 'chief' job (what the launcher
+# starts for --ps=0) `cluster_spec().num_tasks("chief")` raises
+# `ValueError: No such job in cluster: 'chief'`, so main.py and
+# `Replicator.distribute` fail on every multi_worker cluster. The real property is
+# used whenever it works; `test_num_workers_on_a_worker_only_cluster` keeps the bug
+# visible (strict xfail) until it is fixed, after which this shim is a no-op.
+_SHIM = textwrap.dedent('''
+    import runpy, sys
+    from expframe.replicator import replicator as _replicator
+    _real = _replicator.Replicator.num_workers.fget
+
+    def _num_workers(self):
+        try:
+            return _real(self)
+        except ValueError:
+            spec = self.strategy.cluster_resolver.cluster_spec()
+            return sum(spec.num_tasks(j) for j in ("chief", "worker") if j in spec.jobs)
+
+    _replicator.Replicator.num_workers = property(_num_workers)
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+''')
+
+# Reads one epoch (32 steps x 16 = 512 examples) and prints the ids this worker read.
+_IDS_PROGRAM = textwrap.dedent('''
+    import json, os, sys
+    import tensorflow as tf
+    import expframe
+    from expframe.data import inputs
+    data_dir = sys.argv[1]
+    rep = expframe.Replicator("multi_worker")
+    dist = rep.distribute(lambda ctx: inputs.shapes_input(
+        "train", ctx, batch_size=ctx.get_per_replica_batch_size(16), training=True, seed=0,
+        data_dir=data_dir, num_train=512, num_test=64), global_batch_size=16)
+    it = iter(dist)
+    step = tf.function(lambda batch: rep.run(lambda b: b["id"], batch))
+    ids = []
+    for _ in range(32):
+        for local in rep.local_results(step(next(it))):
+            ids.extend(int(i) for i in local.numpy().reshape(-1))
+    print("IDS " + json.dumps({"worker": rep.worker_index, "pid": os.getpid(), "ids": ids}), flush=True)
+''')
+
+# All-reduces in a loop for up to argv[1] seconds, printing its pid and step.
+_LOOP_PROGRAM = textwrap.dedent('''
+    import os, sys, time
+    import tensorflow as tf
+    import expframe
+    rep = expframe.Replicator("multi_worker")
+    step = tf.function(lambda: rep.run(lambda: expframe.all_reduce(tf.ones([1000]), "sum")))
+    deadline, i = time.time() + float(sys.argv[1]), 0
+    while time.time() < deadline:
+        total = float(rep.local_results(step())[0][0])
+        print(f"STEP {i} pid {os.getpid()} sum {total}", flush=True)
+        i += 1
+        time.sleep(0.05)
+''')
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tfds")
+    from expframe.data import shapes  # pylint: disable=import-outside-toplevel
+    for split in ("train", "test"):
+        shapes.load_shapes(split, size=32, data_dir=str(path), num_train=512, num_test=64)
+    return path
+
+
+class Cluster:
+    """`python -m expframe.launch` in the background: its lines, its children's pids, cleanup."""
+
+    def __init__(self, launcher_args, program, data_dir, tmpdir=None):
+        env = mr.env(data_dir)
+        if tmpdir is not None:  # where non-chief workers make their private dirs
+            env["TMPDIR"] = str(tmpdir)
+        self.proc = subprocess.Popen(LAUNCH + list(launcher_args) + ["--"] + list(program), cwd=mr.ROOT,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        self.pids = {}  # "worker 0" -> pid, as found in /proc
+        self.stopped = []
+
+    def read_until(self, pattern, timeout):
+        """Reads lines until one matches `pattern` (regex); returns the match."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if not ready:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return m
+        raise AssertionError(f"{pattern!r} never appeared; output:\n{self.output[-6000:]}")
+
+    def wait(self, timeout):
+        """Waits for the launcher to exit; returns (status, all output)."""
+        rest, _ = self.proc.communicate(timeout=timeout)
+        self.lines.append(rest)
+        return self.proc.returncode, self.output
+
+    @property
+    def output(self):
+        return "".join(self.lines)
+
+    def task_pids(self):
+        """{"worker 0": pid, ...}: the launcher's children, by the TF_CONFIG task in their environment."""
+        found = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid != self.proc.pid:
+                    continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            except (OSError, ValueError, IndexError):
+                continue
+            task = json.loads(env[b"TF_CONFIG"])["task"]
+            found[f"{task['type']} {task['index']}"] = int(entry)
+        self.pids.update(found)
+        return found
+
+    def cleanup(self):
+        """Leaves no process behind: continues stopped ones, kills the launcher's children."""
+        if self.proc.poll() is None:
+            self.task_pids()
+            self.proc.send_signal(signal.SIGTERM)  # the launcher forwards it and reaps
+            try:
+                self.proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+        for pid in list(self.pids.values()) + self.stopped:
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+@pytest.fixture
+def clusters():
+    started = []
+    yield lambda *a, **k: started.append(Cluster(*a, **k)) or started[-1]
+    for c in started:
+        c.cleanup()
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _main_program(tmp_path, model_dir, params, extra=()):
+    """main.py's command line (through the shim) for the launcher."""
+    shim = _write(tmp_path, "shim.py", _SHIM)
+    return [shim] + mr.args([QUICKSTART], model_dir, params, extra)[1:]
+
+
+def _latest_step(model_dir):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return int(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).rsplit("-", 1)[1])
+
+
+# -- the bug the shim works around ------------------------------------------------------
+
+@pytest.mark.xfail(reason="expframe/replicator/replicator.py Replicator.num_workers calls "
+                          "cluster_spec().num_tasks('chief') on a cluster without a chief job: "
+                          "ValueError: No such job in cluster: 'chief'", strict=True)
+@pytest.mark.timeout(120)
+def test_num_workers_on_a_worker_only_cluster(tmp_path):
+    from expframe import launch  # pylint: disable=import-outside-toplevel
+    port = launch.free_ports("127.0.0.1", 1)[0]
+    config = {"cluster": {"worker": [f"127.0.0.1:{port}"]}, "task": {"type": "worker", "index": 0}}
+    prog = _write(tmp_path, "n.py", "import expframe\nrep = expframe.Replicator('multi_worker')\n"
+                                    "print('WORKERS', rep.num_workers, rep.worker_index, rep.is_chief)\n")
+    done = subprocess.run([sys.executable, prog], cwd=mr.ROOT, capture_output=True, text=True, timeout=110,
+                          env=dict(mr.env(tmp_path), TF_CONFIG=json.dumps(config)))
+    assert "WORKERS 1 0 True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+# -- synchronous training across processes ----------------------------------------------
+
+@pytest.mark.timeout(420)
+def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir, tmp_path, clusters):
+    params = mr.SMALL + ("run_experiment.deterministic = True", "Trainer.log_every_steps = 1",
+                         "Trainer.steps_per_loop = 1")
+    local_dir, mw_dir, worker_tmp = tmp_path / "local", tmp_path / "mw", tmp_path / "worker_tmp"
+    worker_tmp.mkdir()
+    cluster = clusters(["--workers=2"], _main_program(tmp_path, mw_dir, params + MULTI_WORKER, ["--mode=train"]),
+                       data_dir, tmpdir=worker_tmp)
+    local = mr.run([QUICKSTART], local_dir, data_dir, params + ("Replicator.num_replicas = 2",),
+                   extra=["--mode=train"], timeout=400)
+    status, out = cluster.wait(timeout=400)
+    assert status == 0, out[-6000:]
+    assert local.returncode == 0, local.stderr[-3000:]
+
+    mw_rows, local_rows = mr.metrics(mw_dir, "train"), mr.metrics(local_dir, "train")
+    assert [r["step"] for r in mw_rows] == [r["step"] for r in local_rows] == list(range(1, 7))
+    mw_losses, local_losses = [r["loss"] for r in mw_rows], [r["loss"] for r in local_rows]
+    np.testing.assert_allclose(mw_losses, local_losses, rtol=1e-5, atol=1e-5)
+    assert len(set(np.round(local_losses, 5))) > 1, "losses did not change: nothing was trained"
+    assert "target 'multi_worker', 2 replica(s)" in out
+    # Only the chief (worker 0) printed progress and wrote the model_dir.
+    assert "[worker 0] step 6/6" in out and "[worker 1] step" not in out
+    assert json.loads((mw_dir / "result.json").read_text())["target"] == "multi_worker"
+    assert sorted(p.name for p in mw_dir.iterdir()) == sorted(p.name for p in local_dir.iterdir())
+    for split in ("train", "eval"):  # one TensorBoard writer, not one per worker.
+        if (mw_dir / split).exists():
+            assert len(list((mw_dir / split).iterdir())) == 1, list((mw_dir / split).iterdir())
+    assert not list(mw_dir.rglob("*worker*")), list(mw_dir.rglob("*worker*"))
+    assert _latest_step(mw_dir) == 6
+    # Worker 1's private dir (expframe_worker1_*) was made under TMPDIR and removed.
+    assert not list(worker_tmp.iterdir()), list(worker_tmp.iterdir())
+
+
+@pytest.mark.timeout(240)
+def test_each_example_of_an_epoch_is_read_by_exactly_one_worker(data_dir, tmp_path, clusters):
+    prog = _write(tmp_path, "ids.py", _IDS_PROGRAM)
+    shim = _write(tmp_path, "shim.py", _SHIM)
+    cluster = clusters(["--workers=2"], [shim, prog, str(data_dir)], data_dir)
+    status, out = cluster.wait(timeout=220)
+    assert status == 0, out[-6000:]
+    records = {}
+    for line in out.splitlines():
+        m = re.match(r"\[worker (\d)\] IDS (.*)$", line)
+        if m:
+            records[int(m.group(1))] = json.loads(m.group(2))
+    assert sorted(records) == [0, 1], out[-6000:]
+    assert [records[i]["worker"] for i in (0, 1)] == [0, 1]
+    ids = [records[0]["ids"], records[1]["ids"]]
+    assert len(ids[0]) == len(ids[1]) == 256
+    assert not set(ids[0]) & set(ids[1])
+    everything = ids[0] + ids[1]
+    assert len(everything) == len(set(everything)) == 512
+    assert sorted(everything) == list(range(512))
+
+
+# -- parameter servers --------------------------------------------------------------------
+
+@pytest.mark.xfail(reason="expframe/replicator/replicator.py Replicator.per_worker_iterator passes "
+                          "input_fn(ctx) straight to ClusterCoordinator.create_per_worker_dataset, which "
+                          "calls it with no arguments: TypeError missing a required argument: 'ctx'",
+                   strict=True)
+@pytest.mark.timeout(420)
+def test_parameter_server_trains(data_dir, tmp_path, clusters):
+    model_dir = tmp_path / "ps"
+    params = mr.SMALL + ("Replicator.target = 'parameter_server'", "Replicator.num_replicas = None",
+                         "resnet.norm = @BatchNormalization", "Trainer.train_steps = 40",
+                         "Trainer.steps_per_loop = 4", "Trainer.log_every_steps = 4",
+                         "Trainer.checkpoint_every_steps = 40")
+    cluster = clusters(["--ps=1", "--workers=2"], _main_program(tmp_path, model_dir, params), data_dir)
+    status, out = cluster.wait(timeout=400)
+    assert status == 0, out[-6000:]
+    assert "[chief] step 40/40" in out, out[-6000:]
+    train = mr.metrics(model_dir, "train")
+    assert [r["step"] for r in train] == list(range(4, 41, 4))
+    assert all(np.isfinite(r["loss"]) for r in train)
+    assert train[-1]["loss"] < train[0]["loss"] - 0.05, [r["loss"] for r in train]
+    result = json.loads((model_dir / "result.json").read_text())
+    assert (result["step"], result["target"]) == (40, "parameter_server")
+    assert 0.0 <= result["eval"]["top1"] <= 1.0
+    assert _latest_step(model_dir) == 40
+
+
+# -- preemption and failures --------------------------------------------------------------
+
+@pytest.mark.timeout(480)
+def test_sigterm_to_the_chief_checkpoints_and_the_rerun_resumes(data_dir, tmp_path, clusters):
+    model_dir = tmp_path / "run"
+    params = mr.SMALL + MULTI_WORKER + ("Trainer.train_steps = 100000", "Trainer.steps_per_loop = 1",
+                                        "Trainer.log_every_steps = 1", "Trainer.checkpoint_every_steps = 100000")
+    program = _main_program(tmp_path, model_dir, params, ["--mode=train"])
+    steps = []
+    for attempt in range(2):
+        cluster = clusters(["--workers=2"], program, data_dir)
+        if attempt:
+            cluster.read_until(rf"\[worker 0\] resuming from step {steps[0]} ", timeout=300)
+        cluster.read_until(r"\[worker 0\] step \d+/100000", timeout=300)
+        chief = cluster.task_pids()["worker 0"]
+        os.kill(chief, signal.SIGTERM)  # the chief alone: the workers must agree to stop.
+        status, out = cluster.wait(timeout=120)
+        assert status == 0, out[-6000:]
+        m = re.search(r"\[worker 0\] received SIGTERM at step (\d+): checkpoint saved; "
+                      r"rerun the same command to resume", out)
+        assert m, out[-6000:]
+        steps.append(int(m.group(1)))
+        assert _latest_step(model_dir) == steps[-1]
+        assert not (model_dir / "result.json").exists()
+    assert steps[1] > steps[0]
+    train_steps = [r["step"] for r in mr.metrics(model_dir, "train")]
+    assert train_steps == list(range(1, steps[1] + 1))
+
+
+def _start_and_signal_worker_1(tmp_path, data_dir, clusters, sig):
+    """2 workers all-reducing in a loop; `sig` to worker 1. Returns (cluster, victim pid, when)."""
+    prog = _write(tmp_path, "loop.py", _LOOP_PROGRAM)
+    cluster = clusters(["--workers=2", "--heartbeat_timeout_s=5", "--grace_s=1"], [prog, "300"], data_dir)
+    m = cluster.read_until(r"\[worker 1\] STEP 3 pid (\d+)", timeout=200)
+    victim = int(m.group(1))
+    cluster.pids["worker 1"] = victim
+    if sig == signal.SIGSTOP:
+        cluster.stopped.append(victim)
+    os.kill(victim, sig)
+    return cluster, victim, time.monotonic()
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_worker_fails_the_run_within_10s(data_dir, tmp_path, clusters):
+    cluster, victim, killed = _start_and_signal_worker_1(tmp_path, data_dir, clusters, signal.SIGKILL)
+    status, out = cluster.wait(timeout=60)
+    elapsed = time.monotonic() - killed
+    print(f"worker 1 SIGKILL -> launcher exit: {elapsed:.2f} s")
+    assert status == 1, out[-4000:]
+    assert re.search(rf"expframe.launch: worker 1 \(pid {victim}\) died with signal SIGKILL; stopped the others",
+                     out), out[-4000:]
+    assert elapsed < 10, f"{elapsed:.1f} s"
+
+
+@pytest.mark.timeout(300)
+def test_a_hung_worker_fails_the_others_within_10s(data_dir, tmp_path, clusters):
+    # The launcher cannot see a stopped process fail: worker 0 must notice by the
+    # coordination service's heartbeats (timeout 5 s) and abort its collective.
+    cluster, victim, stopped = _start_and_signal_worker_1(tmp_path, data_dir, clusters, signal.SIGSTOP)
+    cluster.read_until(r"\[worker 0\] .*(UnavailableError|unhealthy|stopped sending heartbeats)", timeout=30)
+    detected = time.monotonic() - stopped
+    status, out = cluster.wait(timeout=60)
+    exited = time.monotonic() - stopped
+    print(f"worker 1 SIGSTOP -> worker 0 fails: {detected:.2f} s, launcher exit: {exited:.2f} s")
+    assert detected < 10, f"{detected:.1f} s"
+    assert status == 1, out[-4000:]
+    assert re.search(r"expframe.launch: worker 0 \(pid \d+\) exited with status 1; stopped the others",
+                     out), out[-4000:]
+    assert exited < 30, f"{exited:.1f} s"
+    with pytest.raises(ProcessLookupError):  # the launcher killed the stopped worker too.
+        os.kill(victim, 0)
+
+
+# -- configuration ------------------------------------------------------------------------
+
+@pytest.mark.timeout(180)
+def test_bad_tf_config_is_a_configuration_error(data_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    args = mr.args([QUICKSTART], model_dir, mr.SMALL + MULTI_WORKER)
+    done = subprocess.run(args, cwd=mr.ROOT, env=dict(mr.env(data_dir), TF_CONFIG="not json"),
+                          capture_output=True, text=True, timeout=170)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    errors = [l for l in done.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "TF_CONFIG is not a valid cluster description" in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert not model_dir.exists() or not any(model_dir.iterdir())
