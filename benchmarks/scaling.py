@@ -1,7 +1,7 @@
 """Weak scaling on CPU cores: 2 workers (or 2 replicas) versus 1, same batch per worker.
 
-    python benchmarks/scaling.py            # ~3-5 minutes on 2 free cores
-    python benchmarks/scaling.py --quick    # ~1-2 minutes: fewer, shorter timings
+    python benchmarks/scaling.py            # several minutes: 3 configurations x 2 repeats, one TF start-up per process
+    python benchmarks/scaling.py --quick    # 1 repeat, shorter timings (7 min measured on a loaded 2-core box)
 
 Trains a CIFAR ResNet-20 (`resnet(depth=20, num_classes=10, input_shape=(32, 32, 3))`)
 on synthetic in-memory data, 64 examples per worker per step, with the framework's
@@ -169,7 +169,7 @@ def measure(args, config):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter timings (~1-2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, shorter timings")
     parser.add_argument("--role", choices=("driver", "worker"), default="driver")
     parser.add_argument("--cores", default="0", help="worker: CPU cores to pin to, e.g. 0 or 0,1")
     parser.add_argument("--replicas", type=int, default=1, help="worker: local replicas")
@@ -206,10 +206,10 @@ def main(argv=None) -> int:
     load_after = os.getloadavg()[0]
 
     print(f"\nResNet-20, {PER_WORKER_BATCH} examples per worker per step, 1 intra-op thread per core")
-    print(f"{'configuration':34s} {'examples/s':>11s}")
-    print(f"{'1 worker, 1 core':34s} {median['one']:11.1f}")
-    print(f"{'2 workers (multi_worker), 1 core each':34s} {median['multi_worker2']:11.1f}")
-    print(f"{'2 local replicas (cpu), 2 cores':34s} {median['local2']:11.1f}")
+    print(f"{'configuration':40s} {'examples/s':>11s}")
+    print(f"{'1 worker, 1 core':40s} {median['one']:11.1f}")
+    print(f"{'2 workers (multi_worker), 1 core each':40s} {median['multi_worker2']:11.1f}")
+    print(f"{'2 local replicas (cpu), 2 cores':40s} {median['local2']:11.1f}")
     for name, value in eff.items():
         print(f"scaling efficiency {name:15s} {value:.3f}  (goal >= {GOAL:.2f}: "
               f"{'met' if value >= GOAL else 'NOT met'})")

@@ -2,8 +2,13 @@
 
     import expframe as xf
     rep = xf.Replicator(target="cpu", num_replicas=2)
+
+The public names below load on first use, so that `import expframe` (and
+`python -m expframe.launch`, which imports this package first) does not start
+TensorFlow.
 """
 
+import importlib
 import os as _os
 
 # TensorFlow's default CPU allocator returns large freed buffers to the OS, so every
@@ -12,11 +17,21 @@ import os as _os
 # memcpy (benchmarks/collectives.py). Read once, when TensorFlow starts.
 _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
-from expframe import layers  # noqa: E402
-from expframe.errors import ConfigError, RunError
-from expframe.replicator import (Replicator, ReplicatedOptimizer, all_gather, all_reduce, broadcast,
-                                 num_replicas, replica_id, split_cpu, wrap_optimizer)
-
 __version__ = "0.1.0"
-__all__ = ["Replicator", "ReplicatedOptimizer", "wrap_optimizer", "all_reduce", "broadcast",
-           "all_gather", "replica_id", "num_replicas", "split_cpu", "layers", "ConfigError", "RunError"]
+
+_PUBLIC = {
+    "Replicator": "expframe.replicator", "ReplicatedOptimizer": "expframe.replicator",
+    "wrap_optimizer": "expframe.replicator", "all_reduce": "expframe.replicator",
+    "broadcast": "expframe.replicator", "all_gather": "expframe.replicator",
+    "replica_id": "expframe.replicator", "num_replicas": "expframe.replicator",
+    "split_cpu": "expframe.replicator", "ConfigError": "expframe.errors", "RunError": "expframe.errors",
+}
+__all__ = sorted(_PUBLIC) + ["layers"]
+
+
+def __getattr__(name):
+    if name == "layers":
+        return importlib.import_module("expframe.layers")
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'expframe' has no attribute {name!r}")

@@ -19,6 +19,7 @@ from expframe.errors import ConfigError
 _KERAS_OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Lion")
 _KERAS_SCHEDULES = ("PiecewiseConstantDecay", "CosineDecay", "ExponentialDecay", "PolynomialDecay")
 _registered = False
+_search_paths = set()
 
 
 def register_symbols() -> None:
@@ -96,6 +97,13 @@ def parse(gin_files: Sequence[str], gin_params: Sequence[str]) -> str:
     for path in gin_files:
         if not os.path.isfile(path):
             raise ConfigError(f"--gin_file={path}: no such file (experiments are under experiments/).")
+        # `include 'experiments/targets/cpu.gin'` resolves from the working directory,
+        # the file's own directory, and the directory above experiments/.
+        here = os.path.dirname(os.path.abspath(path))
+        for directory in (here, os.path.dirname(here)):
+            if directory not in _search_paths:
+                _search_paths.add(directory)
+                gin.add_config_file_search_path(directory)
         try:
             gin.parse_config_file(path)
         except Exception as e:  # gin raises many types; all are the user's config.

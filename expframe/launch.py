@@ -22,7 +22,7 @@ after one line that names the process and how it ended.
 
 Fault detection between the processes themselves (a peer that died or hangs on a
 real cluster, with no launcher watching) is the coordination service's heartbeat:
-`configure_fault_detection()` sets its timeout from `EXPFRAME_HEARTBEAT_TIMEOUT_S`,
+`expframe.replicator.cluster.configure_fault_detection()` sets its timeout from `EXPFRAME_HEARTBEAT_TIMEOUT_S`,
 which this launcher exports (`--heartbeat_timeout_s`).
 """
 
@@ -37,7 +37,10 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
-from expframe.replicator.cluster import DEFAULT_HEARTBEAT_TIMEOUT_S, HEARTBEAT_ENV, serve
+# The same names as in expframe/replicator/cluster.py (checked by tests/test_launch.py);
+# repeated here so that the launcher starts without importing TensorFlow.
+HEARTBEAT_ENV = "EXPFRAME_HEARTBEAT_TIMEOUT_S"
+DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 _PROG = "expframe.launch"
 
 
@@ -227,6 +230,7 @@ def _parse(argv: Sequence[str]):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args, command = _parse(sys.argv[1:] if argv is None else argv)
     if args.serve:
+        from expframe.replicator.cluster import serve  # pylint: disable=import-outside-toplevel
         serve()
         return 0
     return launch(command, args.workers, args.ps, args.host, args.heartbeat_timeout_s, args.grace_s)

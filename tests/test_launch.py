@@ -54,8 +54,8 @@ _MWMS_PROGRAM = textwrap.dedent("""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
     import expframe
-    from expframe import launch
-    print("fault detection configured:", launch.configure_fault_detection(), flush=True)
+    from expframe.replicator import cluster
+    print("fault detection configured:", cluster.configure_fault_detection(), flush=True)
     rep = expframe.Replicator("multi_worker")
 
     def step():
@@ -186,3 +186,10 @@ def test_multi_worker_mirrored_all_reduce(tmp_path):
     for i in range(2):
         assert f"[worker {i}] fault detection configured: True" in proc.stdout
         assert f"[worker {i}] ALLREDUCE 3.0" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_heartbeat_constants_match_the_replicator():
+    from expframe import launch
+    from expframe.replicator import cluster
+    assert (launch.HEARTBEAT_ENV, launch.DEFAULT_HEARTBEAT_TIMEOUT_S) == (
+        cluster.HEARTBEAT_ENV, cluster.DEFAULT_HEARTBEAT_TIMEOUT_S)

@@ -15,15 +15,6 @@ QUICKSTART = "experiments/quickstart.gin"
 DETERMINISTIC = mr.SMALL + ("run_experiment.deterministic = True",)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tfds")
-    from expframe.data import shapes
-    for split in ("train", "test"):
-        shapes.load_shapes(split, size=32, data_dir=str(path), num_train=512, num_test=64)
-    return path
-
-
 def _weights(model_dir):
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
     names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))

@@ -28,30 +28,6 @@ QUICKSTART = "experiments/quickstart.gin"
 MULTI_WORKER = ("Replicator.target = 'multi_worker'", "Replicator.num_replicas = None")
 LAUNCH = [sys.executable, "-m", "expframe.launch"]
 
-# Workaround, in the child processes only, for expframe/replicator/replicator.py
-# `Replicator.num_workers`: on a cluster without a 'chief' job (what the launcher
-# starts for --ps=0) `cluster_spec().num_tasks("chief")` raises
-# `ValueError: No such job in cluster: 'chief'`, so main.py and
-# `Replicator.distribute` fail on every multi_worker cluster. The real property is
-# used whenever it works; `test_num_workers_on_a_worker_only_cluster` keeps the bug
-# visible (strict xfail) until it is fixed, after which this shim is a no-op.
-_SHIM = textwrap.dedent('''
-    import runpy, sys
-    from expframe.replicator import replicator as _replicator
-    _real = _replicator.Replicator.num_workers.fget
-
-    def _num_workers(self):
-        try:
-            return _real(self)
-        except ValueError:
-            spec = self.strategy.cluster_resolver.cluster_spec()
-            return sum(spec.num_tasks(j) for j in ("chief", "worker") if j in spec.jobs)
-
-    _replicator.Replicator.num_workers = property(_num_workers)
-    sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
-''')
-
 # Reads one epoch (32 steps x 16 = 512 examples) and prints the ids this worker read.
 _IDS_PROGRAM = textwrap.dedent('''
     import json, os, sys
@@ -86,15 +62,6 @@ _LOOP_PROGRAM = textwrap.dedent('''
         i += 1
         time.sleep(0.05)
 ''')
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tfds")
-    from expframe.data import shapes  # pylint: disable=import-outside-toplevel
-    for split in ("train", "test"):
-        shapes.load_shapes(split, size=32, data_dir=str(path), num_train=512, num_test=64)
-    return path
 
 
 class Cluster:
@@ -191,9 +158,8 @@ def _write(tmp_path, name, text):
 
 
 def _main_program(tmp_path, model_dir, params, extra=()):
-    """main.py's command line (through the shim) for the launcher."""
-    shim = _write(tmp_path, "shim.py", _SHIM)
-    return [shim] + mr.args([QUICKSTART], model_dir, params, extra)[1:]
+    """main.py's command line for the launcher."""
+    return mr.args([QUICKSTART], model_dir, params, extra)[1:]
 
 
 def _latest_step(model_dir):
@@ -201,11 +167,8 @@ def _latest_step(model_dir):
     return int(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).rsplit("-", 1)[1])
 
 
-# -- the bug the shim works around ------------------------------------------------------
+# -- cluster layout ----------------------------------------------------------------------
 
-@pytest.mark.xfail(reason="expframe/replicator/replicator.py Replicator.num_workers calls "
-                          "cluster_spec().num_tasks('chief') on a cluster without a chief job: "
-                          "ValueError: No such job in cluster: 'chief'", strict=True)
 @pytest.mark.timeout(120)
 def test_num_workers_on_a_worker_only_cluster(tmp_path):
     from expframe import launch  # pylint: disable=import-outside-toplevel
@@ -256,8 +219,7 @@ def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir
 @pytest.mark.timeout(240)
 def test_each_example_of_an_epoch_is_read_by_exactly_one_worker(data_dir, tmp_path, clusters):
     prog = _write(tmp_path, "ids.py", _IDS_PROGRAM)
-    shim = _write(tmp_path, "shim.py", _SHIM)
-    cluster = clusters(["--workers=2"], [shim, prog, str(data_dir)], data_dir)
+    cluster = clusters(["--workers=2"], [prog, str(data_dir)], data_dir)
     status, out = cluster.wait(timeout=220)
     assert status == 0, out[-6000:]
     records = {}
@@ -277,29 +239,27 @@ def test_each_example_of_an_epoch_is_read_by_exactly_one_worker(data_dir, tmp_pa
 
 # -- parameter servers --------------------------------------------------------------------
 
-@pytest.mark.xfail(reason="expframe/replicator/replicator.py Replicator.per_worker_iterator passes "
-                          "input_fn(ctx) straight to ClusterCoordinator.create_per_worker_dataset, which "
-                          "calls it with no arguments: TypeError missing a required argument: 'ctx'",
-                   strict=True)
 @pytest.mark.timeout(420)
 def test_parameter_server_trains(data_dir, tmp_path, clusters):
     model_dir = tmp_path / "ps"
     params = mr.SMALL + ("Replicator.target = 'parameter_server'", "Replicator.num_replicas = None",
-                         "resnet.norm = @BatchNormalization", "Trainer.train_steps = 40",
-                         "Trainer.steps_per_loop = 4", "Trainer.log_every_steps = 4",
-                         "Trainer.checkpoint_every_steps = 40")
+                         "resnet.norm = @BatchNormalization", "Trainer.train_steps = 400",
+                         "Trainer.global_batch_size = 32",
+                         "Trainer.steps_per_loop = 20", "Trainer.log_every_steps = 20",
+                         "keras.optimizers.Adam.learning_rate = 5e-3", "Trainer.checkpoint_every_steps = 400")
     cluster = clusters(["--ps=1", "--workers=2"], _main_program(tmp_path, model_dir, params), data_dir)
     status, out = cluster.wait(timeout=400)
     assert status == 0, out[-6000:]
-    assert "[chief] step 40/40" in out, out[-6000:]
+    assert "[chief] step 400/400" in out, out[-6000:]
     train = mr.metrics(model_dir, "train")
-    assert [r["step"] for r in train] == list(range(4, 41, 4))
+    assert [r["step"] for r in train] == list(range(20, 401, 20))
     assert all(np.isfinite(r["loss"]) for r in train)
-    assert train[-1]["loss"] < train[0]["loss"] - 0.05, [r["loss"] for r in train]
+    first, last = np.mean([r["loss"] for r in train[:3]]), np.mean([r["loss"] for r in train[-3:]])
+    assert last < first - 0.1, [r["loss"] for r in train]
     result = json.loads((model_dir / "result.json").read_text())
-    assert (result["step"], result["target"]) == (40, "parameter_server")
+    assert (result["step"], result["target"]) == (400, "parameter_server")
     assert 0.0 <= result["eval"]["top1"] <= 1.0
-    assert _latest_step(model_dir) == 40
+    assert _latest_step(model_dir) == 400
 
 
 # -- preemption and failures --------------------------------------------------------------

@@ -77,10 +77,10 @@ class Replicator:
     def num_workers(self) -> int:
         """Processes that run steps: hosts for multi_worker, workers for parameter_server, else 1."""
         if self.target == "parameter_server":
-            return self.strategy.cluster_resolver.cluster_spec().num_tasks("worker")
+            return self.strategy.extended._num_workers  # pylint: disable=protected-access
         if self.target == "multi_worker":
-            return self.strategy.cluster_resolver.cluster_spec().num_tasks("worker") + (
-                self.strategy.cluster_resolver.cluster_spec().num_tasks("chief"))
+            spec = self.strategy.cluster_resolver.cluster_spec()
+            return sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs)
         return 1
 
     @property
@@ -140,7 +140,8 @@ class Replicator:
 
         `input_fn` gets an InputContext whose input_pipeline_id is the worker index.
         """
-        return iter(self.coordinator.create_per_worker_dataset(input_fn))
+        return iter(self.coordinator.create_per_worker_dataset(
+            lambda: self.strategy.distribute_datasets_from_function(input_fn)))
 
     # -- compute ---------------------------------------------------------------------
 
