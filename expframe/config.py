@@ -41,9 +41,11 @@ def register_symbols() -> None:
     gin.external_configurable(SyncBatchNorm, name="SyncBatchNorm", module="expframe.layers")
     # Import the modules whose configurables gin files may reference.
     # pylint: disable=import-outside-toplevel,unused-import
+    import expframe.data.imagenet  # noqa: F401
     import expframe.data.inputs  # noqa: F401
     import expframe.experiment  # noqa: F401
     import expframe.models.resnet  # noqa: F401
+    import expframe.schedules  # noqa: F401
     import expframe.tasks  # noqa: F401
 
 

@@ -51,6 +51,7 @@ class Trainer:
         self.checkpoint_every_steps = _positive_int("Trainer.checkpoint_every_steps", checkpoint_every_steps)
         self.max_checkpoints = _positive_int("Trainer.max_checkpoints", max_checkpoints)
         self._stop_signal = None
+        self._progressed = False
 
     # -- set-up (nothing is written here) ---------------------------------------------
 
@@ -138,6 +139,11 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------
 
     def _handle_signal(self, signum, frame):  # pylint: disable=unused-argument
+        """First signal: finish the current host call, checkpoint, exit 0. A second signal,
+        or one that arrives before any step of this run finished (still tracing: nothing
+        new to save), exits at once; the last checkpoint stays as it was."""
+        if self._stop_signal is not None or not self._progressed:
+            raise SystemExit(128 + signum)
         self._stop_signal = signum
 
     def _next_boundary(self, step: int) -> int:
@@ -158,6 +164,7 @@ class Trainer:
             while step < self.train_steps:
                 num = self._next_boundary(step) - step
                 metrics = self._run_steps(num)
+                self._progressed = True
                 step = int(self.step.numpy())
                 if not math.isfinite(metrics["loss"]):
                     raise RunError(
