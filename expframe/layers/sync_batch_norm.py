@@ -7,9 +7,9 @@ weights in the same order, same results on one replica.
 
 How the moments are combined, and why. The usual one-collective recipe all-reduces
 (sum x, sum x^2, count) and takes var = E[x^2] - E[x]^2. In float32 that cancels
-catastrophically when |mean| >> std: for activations with mean 1e3 and std 1 it
-loses every digit of the variance (we measured relative error 0.4 where our
-method gives 2e-7; see tests/layers/test_sync_batch_norm.py). A two-pass variant
+catastrophically when |mean| >> std: for activations with mean 1e3 and std 1 over
+4 replicas of 256 it gave a relative error of 0.38 in the variance, where the
+method below gave 2e-5 (float64 reference; tests/layers/test_sync_batch_norm.py). A two-pass variant
 (all-reduce the mean, then the centred squares) is exact but costs two collective
 latencies per layer. Here each replica computes its own (count, mean, M2 = sum of
 squared deviations from its own mean) stably, ONE all_gather shares the
