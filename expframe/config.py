@@ -34,7 +34,6 @@ def register_symbols() -> None:
         gin.external_configurable(getattr(keras.optimizers.schedules, name), name=name,
                                   module="keras.optimizers.schedules")
     gin.external_configurable(keras.layers.BatchNormalization, name="BatchNormalization", module="keras.layers")
-    gin.constant("keras.layers.BatchNormalization.class", keras.layers.BatchNormalization)
     # A Keras layer class cannot be decorated in place (Keras reads __init__'s
     # argument names, which gin's wrapper hides): register it from outside.
     from expframe.layers import SyncBatchNorm  # pylint: disable=import-outside-toplevel
