@@ -51,7 +51,6 @@ def _parse(path):
     return query
 
 
-@pytest.mark.slow  # > 10 min: tracing SyncBatchNorm's backward on 2 replicas (see the issue note)
 def test_fake_experiment_trains_and_evaluates_on_two_cpu_replicas(tmp_path):
     model_dir = tmp_path / "run"
     done = mr.run([FAKE], model_dir, tmp_path / "tfds", SMALL, timeout=900)

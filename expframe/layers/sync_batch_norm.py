@@ -19,8 +19,10 @@ N x (2C + 1) table, and every replica merges it with Chan et al.'s parallel form
 
 which has no large-number cancellation. The table is tiny (N rows of 2C+1), so
 gathering costs the same one collective latency as an all-reduce. Gradients flow
-through the gather (TensorFlow's all_gather gradient sums the upstream gradients
-over replicas and returns each replica its slice), so d loss / d x is exact.
+through the gather (its gradient sums the upstream gradients over replicas and
+returns each replica its slice), so d loss / d x is exact. On CPU replicas the
+gather is each replica's own collective op (expframe/replicator/collectives.py),
+which keeps tracing the backward pass of a 53-BN-layer ResNet-50 linear in depth.
 """
 
 from typing import Optional

@@ -8,17 +8,52 @@ Replicator (no strategy) they behave as on one replica.
 Small tensors of one dtype are packed into one flat buffer and reduced with one
 collective: each collective has a fixed latency that dominates for the many small
 tensors of a model's gradients or batch-norm statistics.
+
+Two implementations, chosen per buffer (see `_own_collective`):
+  * the strategy's (`ReplicaContext.all_reduce`): on a MirroredStrategy this is one
+    reduction graph that joins every replica's tensors. Its gradient is a
+    `tf.custom_gradient`, and in graph mode that decorator walks the graph back from
+    its output looking for variables; through the joined graph the walk covers the
+    other replicas' whole forward pass, so a model with L differentiable collectives
+    (L SyncBatchNorm layers) costs O(L^2) to trace: ResNet-50 on 2 CPU replicas did
+    not finish tracing in 10 minutes.
+  * each replica's own `CollectiveReduce` op (MirroredStrategy on CPU, buffers up to
+    `_OWN_MAX_ELEMENTS`): the op takes only this replica's tensor and meets its peers
+    at run time by (group key, instance key), so the walk stops at once. Measured on
+    2 logical CPU devices: 200-350 us per reduction up to 64K elements where the
+    strategy's took 450-550 us, and a 53-layer chain traced in 5.9 s instead of
+    23.6 s. Above ~1M elements the strategy's reduction is faster (2.0 vs 2.7 ms
+    at 1M), so big buffers such as gradients keep it.
 """
 
+import threading
+import weakref
 from typing import Any
 
 import tensorflow as tf
+
+from tensorflow.python.framework import func_graph
+from tensorflow.python.ops import gen_collective_ops
 
 from expframe.errors import ConfigError
 
 _OPS = ("sum", "mean", "max", "min")
 # Tensors up to this many elements are packed together into one collective.
 _PACK_MAX_ELEMENTS = 1 << 18  # 1 MB of float32
+# Buffers up to this many elements use each replica's own collective op (see above).
+_OWN_MAX_ELEMENTS = 1 << 18
+_OWN_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
+# Keys of the replicas' own collective ops. Group keys are far above those TensorFlow's
+# own CollectiveKeys hand out (from 1). Instance keys: each traced tf.function gets a
+# block, and the k-th collective a replica traces into it gets key block + k; every
+# replica traces the same code in the same order, so peers get equal keys (the same
+# assumption MirroredStrategy's merge_call makes).
+_GROUP_KEY_BASE = 1 << 28
+_INSTANCE_BLOCK = 1 << 20
+_keys_lock = threading.Lock()
+_group_keys = {}  # tuple of devices -> group key
+_graph_blocks = weakref.WeakKeyDictionary()  # outermost FuncGraph -> [block start, {replica: count}]
+_next_block = [1]
 
 
 def _context() -> tf.distribute.ReplicaContext:
@@ -44,6 +79,104 @@ def replica_id() -> tf.Tensor:
     return tf.cast(rid, tf.int32)
 
 
+def _outermost_graph():
+    graph = tf.compat.v1.get_default_graph()
+    while isinstance(getattr(graph, "outer_graph", None), func_graph.FuncGraph):
+        graph = graph.outer_graph
+    return graph
+
+
+def _own_collective(ctx, tensor):
+    """(group size, group key, replica) if `tensor` can use this replica's own op, else None."""
+    if not tf.inside_function() or tensor.dtype not in _OWN_DTYPES:
+        return None
+    if (tensor.shape.num_elements() or _OWN_MAX_ELEMENTS + 1) > _OWN_MAX_ELEMENTS:
+        return None
+    strategy = tf.distribute.get_strategy()
+    if type(strategy) is not tf.distribute.MirroredStrategy:  # pylint: disable=unidiomatic-typecheck
+        return None  # multi-worker and TPU collectives have no cross-replica graph edges
+    devices = tuple(strategy.extended.worker_devices)
+    if not all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices):
+        return None  # only measured on CPU; GPUs keep the strategy's NCCL reductions
+    replica = tf.get_static_value(ctx.replica_id_in_sync_group)
+    if replica is None:
+        return None
+    with _keys_lock:
+        group_key = _group_keys.setdefault(devices, _GROUP_KEY_BASE + len(_group_keys))
+    return len(devices), group_key, int(replica)
+
+
+def _instance_key(replica):
+    graph = _outermost_graph()
+    with _keys_lock:
+        block = _graph_blocks.get(graph)
+        if block is None:
+            block = _graph_blocks[graph] = [_next_block[0] * _INSTANCE_BLOCK, {}]
+            _next_block[0] += 1
+        count = block[1].get(replica, 0)
+        block[1][replica] = count + 1
+        if count >= _INSTANCE_BLOCK:
+            raise RuntimeError(f"more than {_INSTANCE_BLOCK} collectives traced into one tf.function")
+        return block[0] + count
+
+
+def _own_sum(tensor, group):
+    """Differentiable sum over replicas with this replica's own CollectiveReduce op."""
+    size, group_key, replica = group
+
+    def reduce(t):
+        return gen_collective_ops.collective_reduce(
+            t, group_size=size, group_key=group_key, instance_key=_instance_key(replica),
+            merge_op="Add", final_op="Id", subdiv_offsets=[0])
+
+    @tf.custom_gradient
+    def summed(t):
+        # d(sum_r loss_r)/d x_r = sum over replicas of the upstream gradients.
+        return reduce(t), reduce
+
+    return summed(tensor)
+
+
+def _reduce_batch(ctx, reduce_op, batch):
+    """Reduces a list of tensors: small ones with own ops, the rest with the strategy's."""
+    out = [None] * len(batch)
+    theirs = []
+    for i, t in enumerate(batch):
+        group = _own_collective(ctx, t)
+        if group is None:
+            theirs.append(i)
+            continue
+        out[i] = _own_sum(t, group)
+        if reduce_op == tf.distribute.ReduceOp.MEAN:
+            out[i] = out[i] / tf.cast(group[0], t.dtype)
+    if theirs:
+        for i, r in zip(theirs, ctx.all_reduce(reduce_op, [batch[i] for i in theirs])):
+            out[i] = r
+    return out
+
+
+def _gather(ctx, tensors, axis):
+    """all_gather of a flat list: each tensor is placed in its replica's row of zeros and
+    summed (exact: every other row adds zeros), small ones with own ops."""
+    out = [None] * len(tensors)
+    theirs = []
+    n = ctx.num_replicas_in_sync
+    for i, t in enumerate(tensors):
+        rows = None
+        if t.shape.is_fully_defined():
+            rows = tf.zeros([n] + t.shape.as_list(), t.dtype)
+        group = None if rows is None else _own_collective(ctx, rows)
+        if group is None:
+            theirs.append(i)
+            continue
+        placed = tf.tensor_scatter_nd_update(rows, [[group[2]]], t[tf.newaxis])
+        out[i] = tf.concat(tf.unstack(_own_sum(placed, group), num=n), axis=axis)
+    if theirs:
+        for i, g in zip(theirs, ctx.all_gather([tensors[i] for i in theirs], axis=axis)):
+            out[i] = g
+    return out
+
+
 def _pack_reduce(ctx, reduce_op, tensors):
     """Sums or means a flat list of tensors: one collective per dtype, small ones packed.
 
@@ -62,7 +195,7 @@ def _pack_reduce(ctx, reduce_op, tensors):
         batch = [tensors[i] for i in singles]
         if packed:
             batch.append(tf.concat([tf.reshape(tensors[i], [-1]) for i in small], axis=0))
-        reduced = ctx.all_reduce(reduce_op, batch)
+        reduced = _reduce_batch(ctx, reduce_op, batch)
         for i, r in zip(singles, reduced):
             out[i] = r
         if packed:
@@ -93,7 +226,7 @@ def all_reduce(x: Any, op: str = "sum") -> Any:
         return tf.nest.pack_sequence_as(x, _pack_reduce(ctx, reduce_op, flat))
     # max/min: tf.distribute has no such reduction; gather one slice per replica
     # (a new leading axis) and reduce it locally. Exact, and deterministic.
-    gathered = ctx.all_gather([t[tf.newaxis] for t in flat], axis=0)
+    gathered = _gather(ctx, [t[tf.newaxis] for t in flat], axis=0)
     fn = tf.reduce_max if op == "max" else tf.reduce_min
     return tf.nest.pack_sequence_as(x, [fn(g, axis=0) for g in gathered])
 
@@ -130,7 +263,7 @@ def all_gather(x: Any, axis: int = 0) -> Any:
     if num_replicas() == 1:
         return x
     flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
-    return tf.nest.pack_sequence_as(x, _context().all_gather(flat, axis=axis))
+    return tf.nest.pack_sequence_as(x, _gather(_context(), flat, axis))
 
 
 def require_synchronous(what: str) -> None:

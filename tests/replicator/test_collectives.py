@@ -107,3 +107,40 @@ class CollectivesTest(support.TestCase):
         self.assertAllClose(rep.reduce(values, "mean"), np.mean([r * 2 - 1 for r in range(n)]))
         self.assertAllClose(rep.reduce(values, "max"), 2 * n - 3)
         self.assertAllClose(rep.reduce(values, "min"), -1)
+
+    @parameterized.named_parameters(*support.named_replicators(min_replicas=2))
+    def test_gradients_flow_to_every_replica(self, target, n):
+        # loss_r = sum_s w_s * c_r * gathered/reduced value: d(sum_r loss_r)/d x_r needs
+        # the upstream gradients of all replicas, small (own collective ops) and big
+        # (the strategy's reduction) alike.
+        rep = support.replicator(target, n)
+        size_small, size_big = 3, 400_000
+        coeff = np.arange(1, n + 1, dtype=np.float32)
+
+        def step(r):
+            r = tf.cast(r, tf.float32)
+            small, big = tf.fill([size_small], r + 1.0), tf.fill([size_big], r + 1.0)
+            with tf.GradientTape() as tape:
+                tape.watch([small, big])
+                c = r + 1.0
+                loss = (c * tf.reduce_sum(xf.all_reduce(small, "sum")) + c * tf.reduce_sum(xf.all_reduce(big, "mean"))
+                        + c * tf.reduce_sum(xf.all_gather(small[:1] * small[:1], axis=0) * coeff))
+            return tape.gradient(loss, [small, big])
+
+        out = tf.function(lambda x: rep.run(step, x))(self.per_replica(rep, lambda r: r))
+        total_c = coeff.sum()
+        for r, (g_small, g_big) in enumerate(rep.local_results(out)):
+            want = np.full(size_small, total_c, np.float32)
+            want[0] += total_c * coeff[r] * 2 * (r + 1.0)  # d/dx of x^2 in row r of the gather
+            np.testing.assert_allclose(g_small, want, rtol=1e-6)
+            np.testing.assert_allclose(g_big[:3], [total_c / n] * 3, rtol=1e-6)
+
+    def test_small_collectives_use_each_replicas_own_op_on_cpu(self):
+        # The strategy's reduction joins the replicas' graphs, which makes tracing the
+        # backward pass of many collectives quadratic (see collectives.py).
+        rep = support.replicator("cpu", 2)
+        fn = tf.function(lambda x: rep.run(
+            lambda t: (xf.all_gather(t, 0), xf.all_reduce(t, "sum"), xf.all_reduce(tf.fill([400_000], t[0, 0]), "sum")), x))
+        graph = fn.get_concrete_function(self.per_replica(rep, _value)).graph
+        ops = [op.type for op in graph.get_operations()]
+        self.assertEqual(ops.count("CollectiveReduce"), 4)  # 2 replicas x (gather, small sum)
