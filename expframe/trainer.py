@@ -10,6 +10,7 @@ import gin
 import tensorflow as tf
 
 from expframe import run_files
+from expframe.data import masked
 from expframe.errors import ConfigError, RunError
 from expframe.tasks.base import Task
 
@@ -73,8 +74,8 @@ class Trainer:
             self.checkpoint = tf.train.Checkpoint(step=self.step, data=self.train_iterator.iterator,
                                                   **task.trackables())
         self._train_loop = tf.function(self._loop_body)
-        self._eval_step = tf.function(
-            lambda it: replicator.reduce(replicator.run(task.eval_step, it.get_next()), "sum"))
+        # Takes a plain iterator, so a new evaluation's iterator does not retrace it.
+        self._eval_step = tf.function(self._eval_body)
 
     def _loop_body(self, iterator, num_steps):
         """num_steps replicated train steps; returns metrics averaged over them."""
@@ -214,39 +215,61 @@ class Trainer:
         return metrics or {}
 
     def evaluate_by_steps(self) -> Optional[Dict[str, float]]:
-        """Sums of the task's eval_step over the eval data, divided by the example count."""
+        """Sums of the task's eval_step over the eval data, divided by the example count.
+
+        With `eval_steps` None: one exact pass, every example once (see
+        expframe/data/masked.py); else `eval_steps` batches, cycling the data.
+        """
         workers = 1 if self.asynchronous else self.rep.num_workers
         ctx = tf.distribute.InputContext(workers, self.rep.worker_index, self.rep.num_replicas)
         dataset = self.task.eval_input_fn(ctx)
         if dataset is None:
             return None
-        steps = self.eval_steps
-        if steps is None:
-            local_batches = int(dataset.cardinality().numpy())
-            if local_batches < 0:
-                raise ConfigError("Trainer.eval_steps is None but the eval data has unknown size; "
-                                  "set Trainer.eval_steps.")
-            # The same number on every worker, or the collectives would wait forever.
-            steps = int(self.rep.agree(max(1, local_batches // (self.rep.num_replicas // workers)), "min"))
+        full_pass = self.eval_steps is None
+        if full_pass and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise ConfigError("Trainer.eval_steps is None (one pass over the eval data) but the eval "
+                              "data repeats forever; set Trainer.eval_steps or stop repeating it.")
+        per_replica = self.global_batch_size // self.rep.num_replicas
+        try:
+            batches = masked.masked_batches(dataset, per_replica, full_pass)
+        except TypeError as e:
+            raise ConfigError(f"{type(self.task).__name__}.eval_input_fn: {e}") from None
         if self.asynchronous:
-            return self._evaluate_on_coordinator(dataset, steps)
-        iterator = iter(self.rep.distribute(lambda c: self.task.eval_input_fn(c).repeat()))
-        totals = None
-        for _ in range(steps):
+            iterator = iter(batches)
+        else:
+            iterator = self.rep.distribute(lambda _: batches).plain_iterator()
+        totals, steps = {}, 0
+        while True:  # a full pass ends at the first step without a real example on any replica
             sums = {k: float(v) for k, v in self._eval_step(iterator).items()}
-            totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
+            if full_pass and sums[_REAL] == 0:
+                break
+            totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
+            steps += 1
+            if not full_pass and steps == self.eval_steps:
+                break
+        real = totals.pop(_REAL, 0.0)
+        if real == 0:
+            raise ConfigError(f"{type(self.task).__name__}: the eval data is empty; check its split "
+                              "or set ClassificationTask.eval_split = None for no evaluation.")
+        if totals.get("count") != real:
+            raise RunError(f"{type(self.task).__name__}.eval_step returned count={totals.get('count')} for "
+                           f"{real:.0f} real examples: weight its sums and count by batch['{masked.MASK}'].")
         count = totals.pop("count")
         return {k: v / count for k, v in totals.items()}
 
-    def _evaluate_on_coordinator(self, dataset, steps: int) -> Dict[str, float]:
-        """parameter_server: evaluation runs inline on the coordinator, reading the ps variables."""
-        step_fn = tf.function(self.task.eval_step)
-        totals = None
-        for batch in dataset.repeat().take(steps):
-            sums = {k: float(v) for k, v in step_fn(batch).items()}
-            totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
-        count = totals.pop("count")
-        return {k: v / count for k, v in totals.items()}
+    def _eval_body(self, iterator):
+        """One eval step on every replica: the task's sums plus the real example count."""
+        def step(batch):
+            out = dict(self.task.eval_step(batch))
+            out[_REAL] = tf.reduce_sum(tf.cast(batch[masked.MASK], tf.float32))
+            return out
+
+        if self.asynchronous:  # parameter_server: inline on the coordinator, reading the ps variables
+            return step(next(iterator))
+        return self.rep.reduce(self.rep.run(step, self.rep.next_from(iterator)), "sum")
+
+
+_REAL = "_real_examples"
 
 
 def _next_multiple(step: int, every: int) -> int:

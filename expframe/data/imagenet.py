@@ -236,7 +236,8 @@ def imagenet_input(split: str = "train",
 
     Returns:
       A dataset of {"image": [batch_size, image_size, image_size, 3] `dtype`,
-      "label": [batch_size] int32}, remainder dropped; repeated when training.
+      "label": [batch_size] int32}; when training repeated, remainder dropped;
+      for eval one pass with the partial last batch kept.
 
     Raises:
       ConfigError: dataset not available (see `prepare`) or batch_size < 1.
@@ -271,7 +272,8 @@ def imagenet_input(split: str = "train",
         ds = ds.map(lambda ex: {"image": preprocess_for_eval(ex["image"], image_size, dtype),
                                 "label": tf.cast(ex["label"], tf.int32)},
                     num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    # Eval keeps the partial last batch: the trainer pads it (expframe/data/masked.py).
+    ds = ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = deterministic
     return ds.with_options(options)

@@ -21,7 +21,8 @@ def _finish(dataset, ctx, batch_size, training, seed):
     if training:
         dataset = dataset.shuffle(_SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True).repeat()
     dataset = dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-    return dataset.batch(batch_size, drop_remainder=True)
+    # Eval keeps the partial last batch: the trainer pads it (expframe/data/masked.py).
+    return dataset.batch(batch_size, drop_remainder=training)
 
 
 @gin.configurable

@@ -37,6 +37,24 @@ class DistributedInput:
     def __iter__(self) -> "DistributedIterator":
         return DistributedIterator(self._strategy, self.dataset, self._local)
 
+    def plain_iterator(self):
+        """A plain (checkpointable) tf.data iterator over the stacked batches, for
+        `Replicator.next_from` inside a tf.function: unlike a new DistributedIterator
+        (a tf.Module), a new plain iterator of the same element spec does not retrace."""
+        with tf.device("/cpu:0"):
+            return iter(self.dataset)
+
+
+def per_replica(strategy, stacked, local):
+    """Per-replica values from one element of stacked batches (`local` per worker)."""
+    def slice_for(ctx):
+        if local == 1:
+            return stacked
+        i = ctx.replica_id_in_sync_group % local
+        return tf.nest.map_structure(lambda t: t[i], stacked)
+
+    return strategy.experimental_distribute_values_from_function(slice_for)
+
 
 class DistributedIterator(tf.Module):
     """`next()` returns per-replica values, eagerly or inside a `tf.function`.
@@ -53,16 +71,7 @@ class DistributedIterator(tf.Module):
 
     def get_next(self) -> Any:
         """The next batch for every replica (a PerReplica structure)."""
-        stacked = next(self.iterator)
-        local = self._local
-
-        def slice_for(ctx):
-            if local == 1:
-                return stacked
-            i = ctx.replica_id_in_sync_group % local
-            return tf.nest.map_structure(lambda t: t[i], stacked)
-
-        return self._strategy.experimental_distribute_values_from_function(slice_for)
+        return per_replica(self._strategy, next(self.iterator), self._local)
 
     def __next__(self):
         return self.get_next()

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from expframe.errors import ConfigError
 from expframe.replicator import collectives, targets
-from expframe.replicator.inputs import DistributedInput
+from expframe.replicator.inputs import DistributedInput, per_replica
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")
 
@@ -134,6 +134,11 @@ class Replicator:
                 "Replicator.distribute is for synchronous targets; with 'parameter_server' "
                 "use Replicator.per_worker_iterator(input_fn).")
         return DistributedInput(self.strategy, input_fn, self.num_workers, self.worker_index)
+
+    def next_from(self, iterator) -> Any:
+        """The next per-replica batch from `DistributedInput.plain_iterator()`; use inside
+        a tf.function that takes the plain iterator as its argument."""
+        return per_replica(self.strategy, next(iterator), self.num_replicas // self.num_workers)
 
     def per_worker_iterator(self, input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]):
         """parameter_server only: per-worker iterators for `schedule_steps` (not checkpointable).

@@ -13,10 +13,15 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
   train_step(batch)       replica context: one optimisation step (or a GAN's
                           discriminator steps + generator step); returns a dict of
                           per-replica scalars, reduced by mean. Must contain "loss".
-  eval_input_fn(ctx)      tf.data.Dataset for evaluation (None: no eval data).
-  eval_step(batch)        replica context: returns per-replica SUMS plus "count";
-                          the trainer sums over replicas and steps and divides, so
-                          eval metrics are exact global means at any replica count.
+  eval_input_fn(ctx)      tf.data.Dataset of dict batches for evaluation (None: no
+                          eval data); keep the partial last batch. The trainer
+                          re-batches it to the per-replica batch and adds "mask".
+  eval_step(batch)        replica context: returns per-replica SUMS plus "count",
+                          each example weighted by batch["mask"] (1 real, 0 the
+                          padding that fills the last batches); the trainer sums
+                          over replicas and steps and divides, so eval metrics are
+                          exact global means over every example, at any replica
+                          count (it checks that count equals the real examples).
   evaluate(runner)        optional override for evaluation that is not a sum over
                           batches (FID over generated samples, RL episode returns).
   trackables()            dict of objects to checkpoint (models, optimizers, ...).

@@ -83,11 +83,13 @@ class ClassificationTask(Task):
     def eval_step(self, batch) -> Dict[str, tf.Tensor]:
         images, labels = batch["image"], tf.cast(batch["label"], tf.int32)
         logits = tf.cast(self.model(images, training=False), tf.float32)
+        # mask: 0 for the padding that fills the last batches of an exact pass.
+        mask = tf.cast(batch["mask"], tf.float32) if "mask" in batch else tf.ones_like(labels, tf.float32)
         out = {
-            "count": tf.cast(tf.shape(labels)[0], tf.float32),
-            "loss": tf.reduce_sum(self._cross_entropy(labels, logits)),
-            "top1": tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float32)),
+            "count": tf.reduce_sum(mask),
+            "loss": tf.reduce_sum(mask * self._cross_entropy(labels, logits)),
+            "top1": tf.reduce_sum(mask * tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float32)),
         }
         if self.num_classes > 5:
-            out["top5"] = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, 5), tf.float32))
+            out["top5"] = tf.reduce_sum(mask * tf.cast(tf.math.in_top_k(labels, logits, 5), tf.float32))
         return out

@@ -139,10 +139,11 @@ class PipelineTest(TestCase):
         every = np.concatenate([b["label"] for b in self._mock("validation", batch_size=1,
                                                                 mock_num_examples=12)])
         self.assertCountEqual(np.concatenate(labels), every)
-        # Remainder dropped: 12 examples in batches of 5.
-        self.assertLen(list(self._mock("validation", batch_size=5, mock_num_examples=12)), 2)
+        # The partial last batch is kept (the trainer pads it): 12 examples in batches of 5.
+        sizes = [len(b["label"]) for b in self._mock("validation", batch_size=5, mock_num_examples=12)]
+        self.assertEqual(sizes, [5, 5, 2])
         # training=False on a train split: eval preprocessing, one pass.
-        self.assertLen(list(self._mock("train", batch_size=5, training=False)), 2)
+        self.assertEqual([len(b["label"]) for b in self._mock("train", batch_size=4, training=False)], [4, 4, 2])
 
     def test_deterministic_and_resumable(self):
         # A rebuilt pipeline (as in a new process) repeats the same batches.
