@@ -6,17 +6,18 @@
 For each image size (224 and a smaller one), replica count (1 and 2 logical CPU
 devices) and precision (float32, mixed_bfloat16) it builds the same ResNet-50 v1.5
 (`expframe.models.resnet.resnet(depth=50)`, Keras BatchNormalization, 1000 classes)
-three times, fresh under each Keras precision policy, and trains it on one
-synthetic in-memory batch (`from_tensors(batch).repeat()`) with SGD + momentum:
+three times, fresh under each Keras precision policy, on the same strategy (the
+Replicator's; `--baseline_strategy tf_default` gives the baselines TensorFlow's
+default MirroredStrategy instead), and trains it on one synthetic in-memory batch
+(`from_tensors(batch).repeat()`) with SGD + momentum:
 
   expframe     `ClassificationTask` + `Replicator('cpu', n)` + `Trainer`, timing one
                `trainer._train_loop(iterator, k)` host call (k steps in one tf.function).
-  handwritten  `MirroredStrategy` over the same devices, one tf.function running
-               `strategy.run(step)` k times in `tf.range`; gradients / replicas into
-               the plain Keras optimizer (which sums over replicas).
-  keras_fit    `model.compile(..., steps_per_execution=k)` in the same strategy's
-               scope, timing `model.fit(dataset, epochs=1, steps_per_epoch=k)` calls
-               (so each call includes fit's own per-call set-up: iterator, callbacks).
+  handwritten  one tf.function running `strategy.run(step)` k times in `tf.range`;
+               gradients / replicas into the plain Keras optimizer (which sums over
+               replicas); benchmarks/handwritten.py.
+  keras_fit    `model.compile(..., steps_per_execution=k)` in the strategy's scope,
+               timing `model.fit(dataset, epochs=1, steps_per_epoch=k)` calls (so each call includes fit's own per-call set-up: iterator, callbacks).
 
 The three are timed interleaved (one call each, in rotating order) and compared by
 median images/s. It also measures the machine's peak matmul rate (a square
@@ -58,9 +59,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from expframe.models.resnet import resnet  # noqa: E402
-from expframe.replicator import targets  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
+
+import handwritten  # noqa: E402  (benchmarks/handwritten.py)
 
 FORWARD_GFLOP_224 = 4.1  # ResNet-50 forward pass at 224x224, per image (the issue's figure)
 NUM_CLASSES = 1000
@@ -108,7 +110,8 @@ def build_optimizer() -> keras.optimizers.Optimizer:
 class ExpframeRunner:
     """The Trainer's host call, prepared as run_experiment prepares it."""
 
-    def __init__(self, size, num_replicas, global_batch, steps):
+    def __init__(self, size, num_replicas, global_batch, steps, strategy_kind):
+        del strategy_kind  # always the Replicator's
         def dataset(split, ctx, batch_size, training, seed, deterministic):
             del split, ctx, training, seed, deterministic
             return tf.data.Dataset.from_tensors(synthetic_batch(batch_size, size)).repeat()
@@ -125,44 +128,27 @@ class ExpframeRunner:
 
 
 class HandwrittenRunner:
-    """A minimal custom training loop over `strategy.run`."""
+    """A minimal custom training loop over `strategy.run` (benchmarks/handwritten.py)."""
 
-    def __init__(self, size, num_replicas, global_batch, steps):
-        strategy = tf.distribute.MirroredStrategy(devices=targets.cpu_devices(num_replicas))
+    def __init__(self, size, num_replicas, global_batch, steps, strategy_kind):
+        strategy = handwritten.baseline_strategy(strategy_kind, num_replicas)
         with strategy.scope():
             model, optimizer = build_model(size), build_optimizer()
-            optimizer.build(model.trainable_variables)
-        per_replica = global_batch // num_replicas
-        self.iterator = iter(strategy.distribute_datasets_from_function(
-            lambda ctx: tf.data.Dataset.from_tensors(synthetic_batch(per_replica, size)).repeat()))
-
-        def step(batch):
-            with tf.GradientTape() as tape:
-                logits = tf.cast(model(batch["image"], training=True), tf.float32)
-                onehot = tf.one_hot(batch["label"], NUM_CLASSES)
-                loss = tf.reduce_mean(keras.losses.categorical_crossentropy(onehot, logits, from_logits=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip([g / num_replicas for g in grads], model.trainable_variables))
-            return loss
-
-        @tf.function
-        def loop(iterator, k):
-            loss = strategy.run(step, args=(next(iterator),))
-            for _ in tf.range(k - 1):
-                loss = strategy.run(step, args=(next(iterator),))
-            return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
-
-        self._loop, self.steps, self.model = loop, steps, model
+        self._call = handwritten.handwritten_loop(
+            strategy, model, optimizer,
+            lambda per_replica: tf.data.Dataset.from_tensors(synthetic_batch(per_replica, size)).repeat(),
+            global_batch, NUM_CLASSES)
+        self.steps = steps
 
     def __call__(self) -> float:
-        return float(self._loop(self.iterator, tf.constant(self.steps, tf.int32)))
+        return self._call(self.steps)
 
 
 class KerasFitRunner:
     """`model.fit` with the same strategy, model, batch and optimizer."""
 
-    def __init__(self, size, num_replicas, global_batch, steps):
-        strategy = tf.distribute.MirroredStrategy(devices=targets.cpu_devices(num_replicas))
+    def __init__(self, size, num_replicas, global_batch, steps, strategy_kind):
+        strategy = handwritten.baseline_strategy(strategy_kind, num_replicas)
         with strategy.scope():
             self.model = build_model(size)
             self.model.compile(optimizer=build_optimizer(),
@@ -177,14 +163,14 @@ class KerasFitRunner:
         return float(history.history["loss"][-1])
 
 
-def measure(size, num_replicas, precision, global_batch, steps, repeats) -> dict:
+def measure(size, num_replicas, precision, global_batch, steps, repeats, strategy_kind) -> dict:
     """Images/s of the three runners on one configuration, timed interleaved."""
     keras.mixed_precision.set_global_policy(precision)
     try:
         runners, build_s, first_s = {}, {}, {}
         for name, cls in zip(RUNNERS, (ExpframeRunner, HandwrittenRunner, KerasFitRunner)):
             start = time.perf_counter()
-            runners[name] = cls(size, num_replicas, global_batch, steps)
+            runners[name] = cls(size, num_replicas, global_batch, steps, strategy_kind)
             build_s[name] = time.perf_counter() - start
             start = time.perf_counter()
             runners[name]()  # trace + first steps, not timed
@@ -230,6 +216,8 @@ def main():
     parser.add_argument("--global_batch_size", type=int, default=None)
     parser.add_argument("--steps_per_call", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--baseline_strategy", choices=handwritten.STRATEGIES, default="same",
+                        help="the baselines' MirroredStrategy (see benchmarks/handwritten.py)")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     if args.quick:
@@ -252,7 +240,8 @@ def main():
     for size in cfg["sizes"]:
         for n in cfg["replicas"]:
             for precision in cfg["precisions"]:
-                row = measure(size, n, precision, cfg["global_batch_size"], cfg["steps_per_call"], cfg["repeats"])
+                row = measure(size, n, precision, cfg["global_batch_size"], cfg["steps_per_call"], cfg["repeats"],
+                              args.baseline_strategy)
                 peak_for = peak["bfloat16" if "bfloat16" in precision else "float32"]
                 for name in RUNNERS:
                     row[name]["mfu"] = mfu(row[name]["images_per_sec"], size, peak_for)
@@ -262,6 +251,7 @@ def main():
                 print(f"{size:>4} {n:>3} {precision:>14} | {cells} | {row['expframe_over_handwritten_paired']:>7.3f} "
                       f"{row['expframe_over_keras_fit_paired']:>7.3f}", flush=True)
     result = {"benchmark": "resnet50_throughput", "quick": args.quick, "config": cfg,
+              "baseline_strategy": args.baseline_strategy,
               "peak_matmul_gflops": peak, "forward_gflop_per_image_224": FORWARD_GFLOP_224,
               "tensorflow": tf.__version__, "keras": keras.__version__,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},

@@ -13,10 +13,9 @@ same logical CPU devices:
                `main.py` does, timing `trainer._train_loop(trainer.train_iterator,
                steps_per_loop)` and reading its metrics back (what `Trainer.train`
                does per host call, minus logging and checkpoints).
-  handwritten  `MirroredStrategy(devices)`, `distribute_datasets_from_function`, one
-               `tf.function` with `for _ in tf.range(k): strategy.run(step, ...)`,
-               where `step` divides its gradients by the replica count and calls the
-               plain Keras `optimizer.apply_gradients` (which sums over replicas).
+  handwritten  the tf.distribute guide's minimal custom loop (benchmarks/handwritten.py)
+               on the Replicator's strategy (`--baseline_strategy tf_default`: on
+               `MirroredStrategy(devices)` with TensorFlow's defaults).
 
 The two are timed interleaved (one host call each, alternately) on 1 and 2 replicas,
 and the medians compared. Goal (issue 3): expframe / handwritten throughput >= 0.97.
@@ -43,9 +42,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from expframe.models.resnet import resnet  # noqa: E402
-from expframe.replicator import targets  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
+
+import handwritten  # noqa: E402  (benchmarks/handwritten.py)
 
 GOAL = 0.97
 NUM_CLASSES, IMAGE_SHAPE = 10, (32, 32, 3)
@@ -94,49 +94,21 @@ class ExpframeRunner:
 
 
 class HandwrittenRunner:
-    """The minimal custom training loop of the tf.distribute guide."""
+    """The minimal custom training loop of the tf.distribute guide (benchmarks/handwritten.py)."""
 
     name = "handwritten"
 
-    def __init__(self, num_replicas: int, global_batch: int):
-        # The same logical devices as the Replicator's 'cpu' target.
-        self.strategy = tf.distribute.MirroredStrategy(devices=targets.cpu_devices(num_replicas))
-        strategy = self.strategy
+    def __init__(self, num_replicas: int, global_batch: int, strategy_kind: str):
+        strategy = handwritten.baseline_strategy(strategy_kind, num_replicas)
         with strategy.scope():
             keras.utils.set_random_seed(0)
-            self.model = build_model()
-            self.optimizer = build_optimizer()
-            self.optimizer.build(self.model.trainable_variables)
-        per_replica = global_batch // num_replicas
-        dataset = strategy.distribute_datasets_from_function(lambda ctx: synthetic_dataset(per_replica))
-        self.iterator = iter(dataset)
-        model, optimizer = self.model, self.optimizer
-
-        def step(batch):
-            with tf.GradientTape() as tape:
-                logits = model(batch["image"], training=True)
-                onehot = tf.one_hot(batch["label"], NUM_CLASSES, dtype=logits.dtype)
-                loss = tf.reduce_mean(keras.losses.categorical_crossentropy(onehot, logits, from_logits=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            grads = [g / num_replicas for g in grads]  # Keras sums over replicas: this makes the mean.
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        @tf.function
-        def loop(iterator, steps):
-            loss = strategy.run(step, args=(next(iterator),))
-            for _ in tf.range(steps - 1):
-                loss = strategy.run(step, args=(next(iterator),))
-            return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
-
-        self._loop = loop
-
-    def call(self, steps: int) -> float:
-        return float(self._loop(self.iterator, tf.constant(steps, tf.int32)))
+            model, optimizer = build_model(), build_optimizer()
+        self.call = handwritten.handwritten_loop(strategy, model, optimizer, synthetic_dataset, global_batch,
+                                                 NUM_CLASSES)
 
 
-def measure(num_replicas: int, global_batch: int, steps: int, repeats: int) -> dict:
-    runners = [ExpframeRunner(num_replicas, global_batch), HandwrittenRunner(num_replicas, global_batch)]
+def measure(num_replicas: int, global_batch: int, steps: int, repeats: int, strategy_kind: str) -> dict:
+    runners = [ExpframeRunner(num_replicas, global_batch), HandwrittenRunner(num_replicas, global_batch, strategy_kind)]
     first_loss = {}
     for r in runners:  # trace and warm up (not timed)
         first_loss[r.name] = r.call(steps)
@@ -168,6 +140,7 @@ def main():
     parser.add_argument("--global_batch_size", type=int, default=128)
     parser.add_argument("--steps_per_call", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--baseline_strategy", choices=handwritten.STRATEGIES, default="same")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     steps = args.steps_per_call or (5 if args.quick else 20)
@@ -178,11 +151,12 @@ def main():
           f"{repeats} interleaved repeats; goal expframe/handwritten >= {GOAL}")
     print(f"{'replicas':>8} {'expframe ex/s':>14} {'handwritten ex/s':>17} {'ratio':>7} {'paired':>7}")
     for n in args.replicas:
-        row = measure(n, args.global_batch_size, steps, repeats)
+        row = measure(n, args.global_batch_size, steps, repeats, args.baseline_strategy)
         rows.append(row)
         print(f"{n:>8} {row['expframe']['examples_per_sec']:>14.1f} {row['handwritten']['examples_per_sec']:>17.1f} "
               f"{row['ratio_of_medians']:>7.3f} {row['median_paired_ratio']:>7.3f}", flush=True)
     result = {"benchmark": "runner_overhead", "model": "resnet20_cifar", "goal_ratio": GOAL,
+              "baseline_strategy": args.baseline_strategy,
               "quick": args.quick, "tensorflow": tf.__version__, "keras": keras.__version__,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
               "results": rows,

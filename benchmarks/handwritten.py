@@ -1,0 +1,61 @@
+"""The hand-written baselines the benchmarks compare expframe's Trainer against.
+
+`handwritten_loop`: the minimal custom training loop of the tf.distribute guide:
+`distribute_datasets_from_function`, one `tf.function` running
+`for _ in tf.range(k): strategy.run(step, ...)`, where `step` divides its gradients
+by the replica count and calls the plain Keras `optimizer.apply_gradients` (which
+sums over replicas).
+
+`baseline_strategy`: which MirroredStrategy the baselines run on. "same" (default):
+the Replicator's own strategy (expframe's cross-device reduction), so a ratio
+measures only the loop. "tf_default": `MirroredStrategy(devices)` as a user would
+write it (on CPU devices TensorFlow then picks CollectiveAllReduce).
+"""
+
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+import expframe
+from expframe.replicator import targets
+
+STRATEGIES = ("same", "tf_default")
+
+
+def baseline_strategy(kind: str, num_replicas: int) -> tf.distribute.Strategy:
+    if kind == "same":
+        return expframe.Replicator("cpu", num_replicas).strategy
+    if kind == "tf_default":
+        return tf.distribute.MirroredStrategy(devices=targets.cpu_devices(num_replicas))
+    raise ValueError(f"baseline strategy {kind!r}: use one of {STRATEGIES}")
+
+
+def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optimizer: keras.optimizers.Optimizer,
+                     per_replica_dataset: Callable[[int], tf.data.Dataset], global_batch: int,
+                     num_classes: int) -> Callable[[int], float]:
+    """Returns call(k): k training steps in one tf.function call; the mean loss of the last."""
+    num_replicas = strategy.num_replicas_in_sync
+    with strategy.scope():
+        optimizer.build(model.trainable_variables)
+    per_replica = global_batch // num_replicas
+    iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: per_replica_dataset(per_replica)))
+
+    def step(batch):
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(batch["image"], training=True), tf.float32)
+            onehot = tf.one_hot(batch["label"], num_classes, dtype=logits.dtype)
+            loss = tf.reduce_mean(keras.losses.categorical_crossentropy(onehot, logits, from_logits=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        grads = [g / num_replicas for g in grads]  # Keras sums over replicas: this makes the mean.
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def loop(iterator, k):
+        loss = strategy.run(step, args=(next(iterator),))
+        for _ in tf.range(k - 1):
+            loss = strategy.run(step, args=(next(iterator),))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
+
+    return lambda k: float(loop(iterator, tf.constant(k, tf.int32)))
