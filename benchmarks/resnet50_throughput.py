@@ -122,9 +122,10 @@ class ExpframeRunner:
         self.trainer.prepare(expframe.Replicator("cpu", num_replicas), task, seed=0, deterministic=False)
         self.steps = steps
 
-    def __call__(self) -> float:
-        t = self.trainer
-        return float(t._train_loop(t.train_iterator, tf.constant(self.steps, tf.int32))["loss"])  # pylint: disable=protected-access
+    def __call__(self):
+        t, start = self.trainer, time.perf_counter()
+        loss = float(t._train_loop(t.train_iterator, tf.constant(self.steps, tf.int32))["loss"])  # pylint: disable=protected-access
+        return loss, time.perf_counter() - start
 
 
 class HandwrittenRunner:
@@ -140,8 +141,10 @@ class HandwrittenRunner:
             global_batch, NUM_CLASSES)
         self.steps = steps
 
-    def __call__(self) -> float:
-        return self._call(self.steps)
+    def __call__(self):
+        start = time.perf_counter()
+        loss = self._call(self.steps)
+        return loss, time.perf_counter() - start
 
 
 class KerasFitRunner:
@@ -158,9 +161,26 @@ class KerasFitRunner:
         self.dataset = tf.data.Dataset.from_tensors((batch["image"], batch["label"])).repeat()
         self.steps = steps
 
-    def __call__(self) -> float:
-        history = self.model.fit(self.dataset, epochs=1, steps_per_epoch=self.steps, verbose=0)
-        return float(history.history["loss"][-1])
+    def __call__(self):
+        """Steady state: fit runs 2 executions of k steps; timed is the second, from the
+        end of the first to the end of the second (fit's per-call set-up excluded)."""
+        clock = _ExecutionClock()
+        start = time.perf_counter()
+        history = self.model.fit(self.dataset, epochs=1, steps_per_epoch=2 * self.steps, verbose=0,
+                                 callbacks=[clock])
+        self.last_call_s = time.perf_counter() - start
+        return float(history.history["loss"][-1]), clock.ends[-1] - clock.ends[-2]
+
+
+class _ExecutionClock(keras.callbacks.Callback):
+    """Times the ends of fit's executions (one per steps_per_execution steps)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ends = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
 
 
 def measure(size, num_replicas, precision, global_batch, steps, repeats, strategy_kind) -> dict:
@@ -179,9 +199,8 @@ def measure(size, num_replicas, precision, global_batch, steps, repeats, strateg
         for i in range(repeats):
             order = RUNNERS[i % 3:] + RUNNERS[:i % 3]  # rotate who goes first
             for name in order:
-                start = time.perf_counter()
-                loss = runners[name]()
-                times[name].append(time.perf_counter() - start)
+                loss, seconds = runners[name]()
+                times[name].append(seconds)
                 if not np.isfinite(loss):
                     raise RuntimeError(f"{name}: loss {loss} at size {size}, {num_replicas} replicas, {precision}")
     finally:

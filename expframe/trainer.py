@@ -12,6 +12,7 @@ import tensorflow as tf
 from expframe import run_files
 from expframe.data import masked
 from expframe.errors import ConfigError, RunError
+from expframe.replicator.replicator import mean_over_steps
 from expframe.tasks.base import Task
 
 
@@ -84,10 +85,7 @@ class Trainer:
             self.step.assign_add(1)
             return out
 
-        totals = one_step()
-        for _ in tf.range(num_steps - 1):
-            totals = tf.nest.map_structure(tf.add, totals, one_step())
-        return tf.nest.map_structure(lambda t: t / tf.cast(num_steps, t.dtype), totals)
+        return mean_over_steps(one_step, num_steps)
 
     # -- checkpoints ------------------------------------------------------------------
 

@@ -26,6 +26,15 @@ _after_step_lock = threading.Lock()
 _pending: list = []
 
 
+def mean_over_steps(one_step: Callable[[], Any], num_steps) -> Any:
+    """Inside a tf.function: calls `one_step()` `num_steps` (>= 1) times in a `tf.range`
+    loop and returns its outputs (a nest of tensors) averaged over the calls."""
+    totals = one_step()
+    for _ in tf.range(num_steps - 1):
+        totals = tf.nest.map_structure(tf.add, totals, one_step())
+    return tf.nest.map_structure(lambda t: t / tf.cast(num_steps, t.dtype), totals)
+
+
 def defer_after_step(callback: Callable[[], None]) -> None:
     """Schedules `callback` (idempotent per step) to run after the current Replicator.run."""
     with _after_step_lock:
@@ -205,10 +214,7 @@ class Replicator:
         loop = self._worker_loops.get(step_fn)
         if loop is None:
             def worker_loop(iterator, n):
-                totals = self.strategy.run(step_fn, args=(next(iterator),))
-                for _ in tf.range(n - 1):
-                    totals = tf.nest.map_structure(tf.add, totals, self.strategy.run(step_fn, args=(next(iterator),)))
-                return tf.nest.map_structure(lambda t: t / tf.cast(n, t.dtype), totals)
+                return mean_over_steps(lambda: self.strategy.run(step_fn, args=(next(iterator),)), n)
             loop = self._worker_loops[step_fn] = tf.function(worker_loop)
         return self.coordinator.schedule(loop, args=(per_worker_iterator, tf.constant(num_steps, tf.int32)))
 
