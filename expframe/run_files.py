@@ -1,7 +1,9 @@
 """Everything a run writes into its model_dir (the contract in DESIGN.md, Run outputs).
 
 Only the chief writes into the model_dir; other workers get a private temporary
-directory that is removed at the end. Text files are written atomically
+directory that is removed at the end. The one exception: each other worker saves
+its own data position (its shard's iterator) under checkpoints/data/ next to the
+chief's checkpoints (see Trainer.save). Text files are written atomically
 (temporary file + rename), so a crash never leaves half a config or result.
 """
 

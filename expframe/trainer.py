@@ -2,6 +2,7 @@
 
 import datetime
 import math
+import os
 import signal
 import time
 from typing import Dict, Optional
@@ -115,6 +116,7 @@ class Trainer:
         """
         self.manager = tf.train.CheckpointManager(self.checkpoint, checkpoint_dir,
                                                   max_to_keep=self.max_checkpoints)
+        self._shared_dir = read_dir or checkpoint_dir
         readable = self.manager.checkpoints
         if read_dir and read_dir != checkpoint_dir:
             state = tf.train.get_checkpoint_state(read_dir)
@@ -129,11 +131,50 @@ class Trainer:
                         "(use a new --model_dir, or the config it was written with).") from None
                 print(f"expframe: could not read {path} ({type(e).__name__}); trying an older checkpoint", flush=True)
                 continue
-            return int(self.step.numpy())
+            step = int(self.step.numpy())
+            self._restore_worker_data(step)
+            return step
         return 0
 
     def save(self) -> str:
-        return self.manager.save(checkpoint_number=int(self.step.numpy()))
+        step = int(self.step.numpy())
+        if self._own_data_position():
+            tf.io.gfile.makedirs(self._data_prefix())
+            tf.train.Checkpoint(data=self.train_iterator.iterator).write(self._data_prefix(step))
+            self._prune_data()
+        return self.manager.save(checkpoint_number=step)
+
+    # Every worker reads its own shard, so its data position (shuffle buffer included)
+    # is its own: the chief's checkpoint holds worker 0's; each other worker writes its
+    # own under <chief's checkpoints>/data/, keyed by worker count, index and step.
+
+    def _own_data_position(self) -> bool:
+        return not self.asynchronous and self.rep.num_workers > 1 and self.rep.worker_index > 0
+
+    def _data_prefix(self, step=None) -> str:
+        folder = os.path.join(self._shared_dir, "data", f"{self.rep.num_workers}-workers",
+                              f"worker-{self.rep.worker_index}")
+        return folder if step is None else os.path.join(folder, f"step-{step}")
+
+    def _restore_worker_data(self, step: int) -> None:
+        if not self._own_data_position():
+            return
+        prefix = self._data_prefix(step)
+        try:
+            tf.train.Checkpoint(data=self.train_iterator.iterator).read(prefix).assert_consumed()
+        except (tf.errors.OpError, ValueError, AssertionError) as e:
+            print(f"expframe: worker {self.rep.worker_index} could not read its data position {prefix} "
+                  f"({type(e).__name__}); it continues from the chief's, so its examples may repeat "
+                  "or be skipped until the next epoch", flush=True)
+
+    def _prune_data(self) -> None:
+        """Keeps this worker's newest max_checkpoints + 1 data positions."""
+        folder = self._data_prefix()
+        steps = sorted(int(name[len("step-"):-len(".index")]) for name in tf.io.gfile.listdir(folder)
+                       if name.startswith("step-") and name.endswith(".index"))
+        for old in steps[:-(self.max_checkpoints + 1)]:
+            for path in tf.io.gfile.glob(os.path.join(folder, f"step-{old}.*")):
+                tf.io.gfile.remove(path)
 
     # -- the loop ---------------------------------------------------------------------
 

@@ -183,19 +183,30 @@ def test_num_workers_on_a_worker_only_cluster(tmp_path):
 
 # -- synchronous training across processes ----------------------------------------------
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(540)
 def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir, tmp_path, clusters):
+    # The cluster stops at step 3 and a rerun resumes to step 6: each worker must go on
+    # from its own data position (shuffle buffer included), or steps 4-6 differ.
     params = mr.SMALL + ("run_experiment.deterministic = True", "Trainer.log_every_steps = 1",
                          "Trainer.steps_per_loop = 1")
     local_dir, mw_dir, worker_tmp = tmp_path / "local", tmp_path / "mw", tmp_path / "worker_tmp"
     worker_tmp.mkdir()
-    cluster = clusters(["--workers=2"], _main_program(tmp_path, mw_dir, params + MULTI_WORKER, ["--mode=train"]),
-                       data_dir, tmpdir=worker_tmp)
+    first = clusters(["--workers=2"], _main_program(tmp_path, mw_dir, params + MULTI_WORKER + (
+        "Trainer.train_steps = 3", "Trainer.checkpoint_every_steps = 3"), ["--mode=train"]), data_dir,
+        tmpdir=worker_tmp)
     local = mr.run([QUICKSTART], local_dir, data_dir, params + ("Replicator.num_replicas = 2",),
                    extra=["--mode=train"], timeout=400)
-    status, out = cluster.wait(timeout=400)
+    status, out = first.wait(timeout=400)
     assert status == 0, out[-6000:]
     assert local.returncode == 0, local.stderr[-3000:]
+    assert _latest_step(mw_dir) == 3
+    assert list((mw_dir / "checkpoints" / "data" / "2-workers" / "worker-1").glob("step-3.index"))
+    second = clusters(["--workers=2"], _main_program(tmp_path, mw_dir, params + MULTI_WORKER,
+                                                     ["--mode=train", "--allow_config_change"]),
+                      data_dir, tmpdir=worker_tmp)
+    status, out = second.wait(timeout=400)
+    assert status == 0, out[-6000:]
+    assert "[worker 0] resuming from step 3" in out and "could not read its data position" not in out
 
     mw_rows, local_rows = mr.metrics(mw_dir, "train"), mr.metrics(local_dir, "train")
     assert [r["step"] for r in mw_rows] == [r["step"] for r in local_rows] == list(range(1, 7))
@@ -203,14 +214,16 @@ def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir
     np.testing.assert_allclose(mw_losses, local_losses, rtol=1e-5, atol=1e-5)
     assert len(set(np.round(local_losses, 5))) > 1, "losses did not change: nothing was trained"
     assert "target 'multi_worker', 2 replica(s)" in out
-    # Only the chief (worker 0) printed progress and wrote the model_dir.
+    # Only the chief (worker 0) printed progress and wrote the model_dir, apart from
+    # worker 1's data positions under checkpoints/data/.
     assert "[worker 0] step 6/6" in out and "[worker 1] step" not in out
     assert json.loads((mw_dir / "result.json").read_text())["target"] == "multi_worker"
     assert sorted(p.name for p in mw_dir.iterdir()) == sorted(p.name for p in local_dir.iterdir())
-    for split in ("train", "eval"):  # one TensorBoard writer, not one per worker.
+    for split in ("train", "eval"):  # one TensorBoard writer per run (2 runs), not one per worker.
         if (mw_dir / split).exists():
-            assert len(list((mw_dir / split).iterdir())) == 1, list((mw_dir / split).iterdir())
-    assert not list(mw_dir.rglob("*worker*")), list(mw_dir.rglob("*worker*"))
+            assert len(list((mw_dir / split).iterdir())) == 2, list((mw_dir / split).iterdir())
+    others = [p for p in mw_dir.rglob("*worker*") if "data" not in p.relative_to(mw_dir).parts]
+    assert not others, others
     assert _latest_step(mw_dir) == 6
     # Worker 1's private dir (expframe_worker1_*) was made under TMPDIR and removed.
     assert not list(worker_tmp.iterdir()), list(worker_tmp.iterdir())
