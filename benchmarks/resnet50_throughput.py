@@ -30,9 +30,10 @@ forward pass; strictly it counts multiply-adds, so with 2 FLOPs per multiply-add
 true utilisation is twice this MFU. We keep the issue's convention so that numbers
 compare with reports that use it.)
 
-Cost: each configuration builds and traces three ResNet-50s; tracing alone takes
-minutes per model on a busy 2-core machine. `--quick` runs 2 configurations (224
-and 128, 2 replicas, float32), the default 8; narrow it with --sizes, --replicas,
+Cost: each configuration builds and traces three ResNet-50s, about a minute each on
+2 cores, then times them: about 6 minutes per configuration at 224x224 with batch 4
+on this 2-core machine (12 minutes for `--quick`'s 2 configurations: 224 and 128,
+2 replicas, float32; the default runs 8). Narrow it with --sizes, --replicas,
 --precisions.
 
 Results: a table on stdout and JSON in `benchmarks/results/resnet50_throughput.json`.
@@ -230,7 +231,7 @@ def mfu(images_per_sec: float, size: int, peak_gflops: float) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="~2 minutes: fewer configurations and steps")
+    parser.add_argument("--quick", action="store_true", help="2 configurations, batch 4, 1 step per call (~12 minutes on 2 cores)")
     parser.add_argument("--sizes", type=int, nargs="+", default=None)
     parser.add_argument("--replicas", type=int, nargs="+", default=None)
     parser.add_argument("--precisions", nargs="+", default=None)
