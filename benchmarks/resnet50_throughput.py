@@ -272,17 +272,23 @@ def main():
                 cells = " ".join(f"{row[r]['images_per_sec']:>7.2f} ({row[r]['mfu']:>4.0%})" for r in RUNNERS)
                 print(f"{size:>4} {n:>3} {precision:>14} | {cells} | {row['expframe_over_handwritten_paired']:>7.3f} "
                       f"{row['expframe_over_keras_fit_paired']:>7.3f}", flush=True)
-    result = {"benchmark": "resnet50_throughput", "quick": args.quick, "config": cfg,
-              "baseline_strategy": args.baseline_strategy,
-              "peak_matmul_gflops": peak, "forward_gflop_per_image_224": FORWARD_GFLOP_224,
-              "tensorflow": tf.__version__, "keras": keras.__version__,
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-              "wall_s": time.perf_counter() - started, "results": rows}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out} ({result['wall_s']:.0f} s)")
+                # After every configuration: a long run stopped early keeps what it measured.
+                result = {"benchmark": "resnet50_throughput", "quick": args.quick, "config": cfg,
+                          "baseline_strategy": args.baseline_strategy,
+                          "peak_matmul_gflops": peak, "forward_gflop_per_image_224": FORWARD_GFLOP_224,
+                          "tensorflow": tf.__version__, "keras": keras.__version__,
+                          "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                          "wall_s": time.perf_counter() - started, "results": rows}
+                _write_json(args.out, result)
+    print(f"wrote {args.out} ({time.perf_counter() - started:.0f} s)")
 
+
+def _write_json(path: str, result: dict) -> None:
+    """Atomically: a reader never sees half a file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 if __name__ == "__main__":
     main()
