@@ -75,6 +75,8 @@ class Trainer:
             self.train_iterator = iter(replicator.distribute(task.train_input_fn, self.global_batch_size))
             self.checkpoint = tf.train.Checkpoint(step=self.step, data=self.train_iterator.iterator,
                                                   **task.trackables())
+            # A non-chief worker's own data position (see _own_data_position).
+            self._data_checkpoint = tf.train.Checkpoint(data=self.train_iterator.iterator)
         self._train_loop = tf.function(self._loop_body)
         # Takes a plain iterator, so a new evaluation's iterator does not retrace it.
         self._eval_step = tf.function(self._eval_body)
@@ -140,7 +142,7 @@ class Trainer:
         step = int(self.step.numpy())
         if self._own_data_position():
             tf.io.gfile.makedirs(self._data_prefix())
-            tf.train.Checkpoint(data=self.train_iterator.iterator).write(self._data_prefix(step))
+            self._data_checkpoint.write(self._data_prefix(step))
             self._prune_data()
         return self.manager.save(checkpoint_number=step)
 
@@ -161,7 +163,7 @@ class Trainer:
             return
         prefix = self._data_prefix(step)
         try:
-            tf.train.Checkpoint(data=self.train_iterator.iterator).read(prefix).assert_consumed()
+            self._data_checkpoint.read(prefix).assert_consumed()
         except (tf.errors.OpError, ValueError, AssertionError) as e:
             print(f"expframe: worker {self.rep.worker_index} could not read its data position {prefix} "
                   f"({type(e).__name__}); it continues from the chief's, so its examples may repeat "

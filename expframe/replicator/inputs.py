@@ -35,7 +35,7 @@ class DistributedInput:
         self.element_spec = dataset.element_spec
 
     def __iter__(self) -> "DistributedIterator":
-        return DistributedIterator(self._strategy, self.dataset, self._local)
+        return DistributedIterator(self._strategy, self.plain_iterator(), self._local)
 
     def plain_iterator(self):
         """A plain (checkpointable) tf.data iterator over the stacked batches, for
@@ -62,12 +62,11 @@ class DistributedIterator(tf.Module):
     Put it (or its `.iterator`) in a `tf.train.Checkpoint` to save the data position.
     """
 
-    def __init__(self, strategy, dataset, local_replicas):
+    def __init__(self, strategy, iterator, local_replicas):
         super().__init__(name="distributed_iterator")
         self._strategy = strategy
         self._local = local_replicas
-        with tf.device("/cpu:0"):
-            self.iterator = iter(dataset)
+        self.iterator = iterator  # a plain tf.data iterator (DistributedInput.plain_iterator)
 
     def get_next(self) -> Any:
         """The next batch for every replica (a PerReplica structure)."""
