@@ -73,8 +73,8 @@ class Trainer:
             self.checkpoint = tf.train.Checkpoint(step=self.step, **task.trackables())
         else:
             self.train_iterator = iter(replicator.distribute(task.train_input_fn, self.global_batch_size))
-            self.checkpoint = tf.train.Checkpoint(step=self.step, data=self.train_iterator.iterator,
-                                                  **task.trackables())
+            data = {"data": self.train_iterator.iterator} if task.checkpoint_input else {}
+            self.checkpoint = tf.train.Checkpoint(step=self.step, **data, **task.trackables())
             # A non-chief worker's own data position (see _own_data_position).
             self._data_checkpoint = tf.train.Checkpoint(data=self.train_iterator.iterator)
         self._train_loop = tf.function(self._loop_body)
@@ -151,7 +151,7 @@ class Trainer:
     # own under <chief's checkpoints>/data/, keyed by worker count, index and step.
 
     def _own_data_position(self) -> bool:
-        return not self.asynchronous and self.rep.num_workers > 1 and self.rep.worker_index > 0
+        return not self.asynchronous and self.task.checkpoint_input and self.rep.num_workers > 1 and self.rep.worker_index > 0
 
     def _data_prefix(self, step=None) -> str:
         folder = os.path.join(self._shared_dir, "data", f"{self.rep.num_workers}-workers",
@@ -205,9 +205,11 @@ class Trainer:
         try:
             while step < self.train_steps:
                 num = self._next_boundary(step) - step
+                self.task.before_train_steps(step, num)
                 metrics = self._run_steps(num)
                 self._progressed = True
                 step = int(self.step.numpy())
+                metrics.update(self.task.after_train_steps(step) or {})
                 if not math.isfinite(metrics["loss"]):
                     raise RunError(
                         f"loss is {metrics['loss']} at step {step}; stopped. The last good checkpoint "

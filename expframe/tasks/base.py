@@ -25,6 +25,15 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
   evaluate(runner)        optional override for evaluation that is not a sum over
                           batches (FID over generated samples, RL episode returns).
   trackables()            dict of objects to checkpoint (models, optimizers, ...).
+  before_train_steps(step, n)  optional, host side: runs before the trainer's next
+                          host call of n train steps from `step` (D4PG acts in the
+                          environment and fills its replay here).
+  after_train_steps(step) optional, host side, after that call: extra train metrics
+                          to log (e.g. environment steps/s).
+  checkpoint_input        class attribute; False when train_input_fn's position
+                          cannot be saved (a generator fed by acting): the trainer
+                          leaves the data position out of checkpoints and the task's
+                          trackables() carry what it needs to resume.
   write_outputs(dir, step) optional: artefacts such as GAN sample grids.
 """
 
@@ -38,6 +47,8 @@ class Task:
 
     #: Examples consumed per train step over all replicas (for examples/s).
     examples_per_step: int = 0
+    #: Whether the trainer checkpoints the position of train_input_fn's iterator.
+    checkpoint_input: bool = True
 
     def setup(self, replicator, global_batch_size: int, seed: int, deterministic: bool) -> None:
         """Called by the trainer before build(): where and how the task runs."""
@@ -69,6 +80,13 @@ class Task:
 
     def trackables(self) -> Dict[str, Any]:
         raise NotImplementedError
+
+    def before_train_steps(self, step: int, num_steps: int) -> None:
+        """Host side, before the trainer runs train steps step+1 .. step+num_steps."""
+
+    def after_train_steps(self, step: int) -> Optional[Dict[str, float]]:
+        """Host side, after those steps ran (now at `step`); extra train metrics or None."""
+        return None
 
     def write_outputs(self, model_dir: str, step: int) -> None:
         """Optional artefacts written by the chief after each evaluation."""
