@@ -2,5 +2,6 @@
 
 from expframe.tasks.base import Task
 from expframe.tasks.classification import ClassificationTask
+from expframe.tasks.d4pg import D4PGTask
 
-__all__ = ["Task", "ClassificationTask"]
+__all__ = ["Task", "ClassificationTask", "D4PGTask"]

@@ -1,0 +1,344 @@
+"""D4PG (Barth-Maron et al. 2018, "Distributed Distributional Deterministic Policy
+Gradients"): a distributional critic, n-step returns, prioritised replay, a replicated
+learner; acting in this process (`synchronous`), on the host between host calls.
+
+One host call of K learner steps (the trainer's `steps_per_loop`) runs as:
+  before_train_steps   the actor takes the learner's current policy weights and acts
+                       until the environment steps reach min_replay_size + learner
+                       steps * global_batch / samples_per_insert (Acme's ratio: 32
+                       samples per insert at batch 256 is 8 environment steps per
+                       learner step); then the K global batches are sampled from
+                       replay (importance-sampling exponent annealed by learner step),
+                       split into per-replica shares and put in the input queue.
+  train_step (x K)     replica context: each replica takes its share; critic and
+                       policy gradients are averaged over replicas by their wrapped
+                       optimizers; each replica sends its examples' TD errors to the
+                       host (`tf.numpy_function`) keyed by their place in the batch.
+  after_train_steps    the TD errors of all K steps, ordered by key (so the result
+                       does not depend on which replica's call ran first), become the
+                       new priorities. Batches of one host call are drawn before any
+                       of that call's updates: priorities lag by up to K - 1 steps.
+
+The learner step (Acme's D4PG learner):
+  critic  target = project(r + d * Z_target(o', pi_target(o'))) onto the support;
+          loss = mean(w * cross_entropy(target, Z(o, a))), w the importance weights.
+  policy  loss = mean(dpg(E[Z(o, pi(o))])), dQ/da clipped to norm 1 (`dqda_clipping`).
+  targets copied from the online networks every `target_update_period` learner
+          steps, at the start of a step (step 0 included). Target weights are
+          replica-local (sync-on-read) variables: every replica copies its own, the
+          same values everywhere, with no communication, inside the step.
+
+Checkpoints hold the networks, target networks, optimizers, and the acting state:
+the replay (rows, priorities, sampler state), the actor's counters and noise state.
+A resumed run continues from that replay and counters; the episode in progress at
+the checkpoint is dropped and the actor starts a new one (the environment reseeded
+from the seed and the episode count), so resuming loses no replayed experience but
+is not bit-identical to an uninterrupted run.
+"""
+
+import io
+import math
+import threading
+import time
+from typing import Any, Callable, Dict, Optional
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+
+import expframe as xf
+from expframe.models.d4pg import d4pg_critic, d4pg_policy
+from expframe.rl import losses
+from expframe.rl.actors import PolicyExecutor, SynchronousActor, episode_returns
+from expframe.rl.adders import NStepAdder
+from expframe.rl.environments import control_suite
+from expframe.rl.learner_input import PreparedBatches
+from expframe.rl.replay import PrioritizedReplay
+from expframe.tasks.base import Task
+
+
+def _replica_local(next_creator, **kwargs):
+    """Variables each replica updates on its own; a checkpoint holds replica 0's value."""
+    kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
+    kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+    return next_creator(**kwargs)
+
+
+def _check(binding: str, ok: bool, value, what: str) -> None:
+    if not ok:
+        raise xf.ConfigError(f"D4PGTask.{binding}={value!r} {what}.")
+
+
+@gin.configurable
+class D4PGTask(Task):
+    """D4PG on an environment, acting in this process (see module docstring).
+
+    Defaults are Acme's D4PG. Gradient clipping by global norm 40 (Acme's `clipping`)
+    is bound in the gin file on the scoped optimizer wrappers
+    (`actor/wrap_optimizer.clip_global_norm`, `critic/wrap_optimizer.clip_global_norm`).
+
+    Args:
+      environment: `fn(seed=) -> environment` (e.g. `@control_suite`).
+      policy_network, critic_network: `fn(observation_size, action_size) -> keras.Model`.
+      actor_optimizer, critic_optimizer: build Keras optimizers (default Adam 1e-4),
+        called and wrapped under the gin scopes `actor/` and `critic/`.
+      discount: gamma per environment step.
+      n_step: steps per replayed transition.
+      sigma: exploration noise (actions in [-1, 1]).
+      target_update_period: learner steps between target network copies.
+      samples_per_insert: sampled transitions per inserted one; sets the acting rate.
+      min_replay_size: environment steps taken before learning starts.
+      max_replay_size: replay capacity (oldest overwritten).
+      priority_exponent: alpha of prioritised replay (0: uniform).
+      importance_sampling_exponent: beta at step 0, annealed linearly to 1 over
+        `importance_annealing_steps` learner steps.
+      dqda_clipping: norm bound on dQ/da in the policy loss (None: off).
+      eval_episodes: episodes per evaluation, noiseless policy.
+    """
+
+    checkpoint_input = False
+
+    def __init__(self, environment: Callable[..., Any] = control_suite,
+                 policy_network: Callable[..., keras.Model] = d4pg_policy,
+                 critic_network: Callable[..., keras.Model] = d4pg_critic,
+                 actor_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
+                 critic_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
+                 discount: float = 0.99, n_step: int = 5, sigma: float = 0.3,
+                 target_update_period: int = 100, samples_per_insert: float = 32.0,
+                 min_replay_size: int = 1000, max_replay_size: int = 1_000_000,
+                 priority_exponent: float = 0.6, importance_sampling_exponent: float = 0.4,
+                 importance_annealing_steps: int = 100_000, dqda_clipping: Optional[float] = 1.0,
+                 eval_episodes: int = 5):
+        positive_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+        _check("discount", 0.0 <= discount <= 1.0, discount, "must be in [0, 1]")
+        _check("n_step", positive_int(n_step), n_step, "must be a positive integer")
+        _check("sigma", sigma >= 0, sigma, "must be >= 0")
+        _check("target_update_period", positive_int(target_update_period), target_update_period,
+               "must be a positive integer")
+        _check("samples_per_insert", samples_per_insert > 0, samples_per_insert, "must be > 0")
+        _check("min_replay_size", positive_int(min_replay_size), min_replay_size, "must be a positive integer")
+        _check("max_replay_size", positive_int(max_replay_size) and max_replay_size >= min_replay_size,
+               max_replay_size, "must be an integer >= D4PGTask.min_replay_size")
+        _check("priority_exponent", priority_exponent >= 0, priority_exponent, "must be >= 0")
+        _check("importance_sampling_exponent", 0 <= importance_sampling_exponent <= 1,
+               importance_sampling_exponent, "must be in [0, 1]")
+        _check("importance_annealing_steps", positive_int(importance_annealing_steps),
+               importance_annealing_steps, "must be a positive integer")
+        _check("dqda_clipping", dqda_clipping is None or dqda_clipping > 0, dqda_clipping, "must be > 0 or None")
+        _check("eval_episodes", positive_int(eval_episodes), eval_episodes, "must be a positive integer")
+        self._environment_fn = environment
+        self._policy_fn, self._critic_fn = policy_network, critic_network
+        self._actor_optimizer_fn = actor_optimizer or (lambda: keras.optimizers.Adam(1e-4))
+        self._critic_optimizer_fn = critic_optimizer or (lambda: keras.optimizers.Adam(1e-4))
+        self.discount, self.n_step, self.sigma = discount, n_step, sigma
+        self.target_update_period = target_update_period
+        self.samples_per_insert = float(samples_per_insert)
+        self.min_replay_size, self.max_replay_size = min_replay_size, max_replay_size
+        self.priority_exponent = priority_exponent
+        self.beta0, self.annealing_steps = float(importance_sampling_exponent), importance_annealing_steps
+        self.dqda_clipping = dqda_clipping
+        self.eval_episodes = eval_episodes
+
+    # -- set-up ------------------------------------------------------------------------
+
+    def setup(self, replicator, global_batch_size: int, seed: int, deterministic: bool) -> None:
+        super().setup(replicator, global_batch_size, seed, deterministic)
+        if replicator.coordinator is not None or replicator.num_workers > 1:
+            raise xf.ConfigError(
+                f"D4PGTask acts in the learner's process (synchronous mode), which needs one host; "
+                f"Replicator.target={replicator.target!r} runs several: use 'cpu', 'gpu' or 'tpu'.")
+        env_seed, eval_seed, replay_seed, noise_seed = np.random.SeedSequence(seed).generate_state(4)
+        self._env_seed = int(env_seed)
+        self.environment = self._environment_fn(seed=int(env_seed))
+        self.eval_environment = self._environment_fn(seed=int(eval_seed))
+        obs, act = self.environment.observation_size, self.environment.action_size
+        self.replay = PrioritizedReplay(
+            self.max_replay_size, {"observation": (obs,), "action": (act,), "reward": (), "discount": (),
+                                   "next_observation": (obs,)},
+            priority_exponent=self.priority_exponent, seed=int(replay_seed))
+        # The actor's own policy copy lives outside the replicator (plain variables).
+        executor = PolicyExecutor(self._policy_fn(observation_size=obs, action_size=act), obs)
+        self.actor = SynchronousActor(self.environment, executor, NStepAdder(self.replay, self.n_step, self.discount),
+                                      sigma=self.sigma, seed=int(noise_seed))
+        b = self.per_replica_batch_size
+        self.inputs = PreparedBatches({
+            "observation": ((b, obs), tf.float32), "action": ((b, act), tf.float32), "reward": ((b,), tf.float32),
+            "discount": ((b,), tf.float32), "next_observation": ((b, obs), tf.float32),
+            "weight": ((b,), tf.float32), "key": ((b,), tf.int64)})
+        self._received, self._lock = [], threading.Lock()
+        self._in_flight = None
+        self._learner_time, self._learner_steps_timed, self._call_started = 0.0, 0, None
+        self._timed_calls = 0
+        self._recent_returns = []
+
+    def build(self) -> None:
+        obs, act = self.environment.observation_size, self.environment.action_size
+        self.policy = self._policy_fn(observation_size=obs, action_size=act)
+        self.critic = self._critic_fn(observation_size=obs, action_size=act)
+        with tf.variable_creator_scope(_replica_local):
+            self.target_policy = self._policy_fn(observation_size=obs, action_size=act)
+            self.target_critic = self._critic_fn(observation_size=obs, action_size=act)
+        self.support = tf.constant(self.critic.support)
+        with gin.config_scope("actor"):
+            self.actor_optimizer = xf.wrap_optimizer(self._actor_optimizer_fn())
+        with gin.config_scope("critic"):
+            self.critic_optimizer = xf.wrap_optimizer(self._critic_optimizer_fn())
+        self.actor_optimizer.build(self.policy.trainable_variables)
+        self.critic_optimizer.build(self.critic.trainable_variables)
+        self.acting_state = _ActingState(self)
+
+    def trackables(self) -> Dict[str, Any]:
+        return {"policy": self.policy, "critic": self.critic, "target_policy": self.target_policy,
+                "target_critic": self.target_critic, "actor_optimizer": self.actor_optimizer,
+                "critic_optimizer": self.critic_optimizer, "acting": self.acting_state}
+
+    def train_input_fn(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        return self.inputs.dataset()
+
+    # -- the learner step (replica context) ----------------------------------------------
+
+    def _update_targets(self) -> None:
+        def copy():
+            for network, target in ((self.policy, self.target_policy), (self.critic, self.target_critic)):
+                for source, variable in zip(network.variables, target.variables, strict=True):
+                    variable.assign(source)
+            return tf.constant(True)
+
+        # The critic optimizer's update count is the learner step (read before this step's update).
+        steps = self.critic_optimizer.iterations
+        tf.cond(steps % self.target_update_period == 0, copy, lambda: tf.constant(False))
+
+    def train_step(self, batch) -> Dict[str, tf.Tensor]:
+        self._update_targets()
+        observations, actions = batch["observation"], batch["action"]
+        next_observations = batch["next_observation"]
+        target_logits = tf.cast(self.target_critic([next_observations, self.target_policy(next_observations)]),
+                                tf.float32)
+        target = losses.categorical_projection(self.support, tf.nn.softmax(target_logits),
+                                               batch["reward"], batch["discount"])
+        # Both losses read the weights from before this step's updates (as Acme's learner).
+        with tf.GradientTape() as critic_tape:
+            logits = tf.cast(self.critic([observations, actions], training=True), tf.float32)
+            cross_entropy, td_error = losses.categorical_td(self.support, logits, target)
+            critic_loss = tf.reduce_mean(batch["weight"] * cross_entropy)
+        with tf.GradientTape() as actor_tape:
+            policy_actions = self.policy(observations, training=True)
+            with actor_tape.stop_recording(), tf.GradientTape() as dq_tape:
+                dq_tape.watch(policy_actions)
+                q_values = self._expected(self.critic([observations, policy_actions]))
+            actor_loss = tf.reduce_mean(losses.dpg_loss(q_values, policy_actions, dq_tape, self.dqda_clipping))
+        critic_variables, policy_variables = self.critic.trainable_variables, self.policy.trainable_variables
+        critic_gradients = critic_tape.gradient(critic_loss, critic_variables)
+        policy_gradients = actor_tape.gradient(actor_loss, policy_variables)
+        self.critic_optimizer.apply_gradients(zip(critic_gradients, critic_variables, strict=True))
+        self.actor_optimizer.apply_gradients(zip(policy_gradients, policy_variables, strict=True))
+
+        tf.numpy_function(self._receive, [batch["key"], td_error], [], stateful=True)
+        return {"loss": critic_loss, "critic_loss": critic_loss, "actor_loss": actor_loss,
+                "q_mean": tf.reduce_mean(q_values)}
+
+    def _expected(self, logits):
+        return tf.reduce_sum(tf.nn.softmax(tf.cast(logits, tf.float32)) * self.support, axis=-1)
+
+    def _receive(self, keys, td_errors):
+        """Host side, called by each replica inside the step: its examples' TD errors."""
+        with self._lock:
+            self._received.append((keys.copy(), td_errors.astype(np.float64)))
+
+    # -- the host side: acting, sampling, priorities ------------------------------------
+
+    def _env_steps_due(self, learner_steps: int) -> int:
+        return self.min_replay_size + math.ceil(learner_steps * self.global_batch_size / self.samples_per_insert)
+
+    def _beta(self, learner_step: int) -> float:
+        fraction = min(1.0, learner_step / self.annealing_steps)
+        return self.beta0 + fraction * (1.0 - self.beta0)
+
+    def before_train_steps(self, step: int, num_steps: int) -> None:
+        self.actor.update(self.policy.get_weights())
+        due = self._env_steps_due(step + num_steps) - self.actor.env_steps
+        if due > 0:
+            self.actor.run(due)
+        self._recent_returns.extend(self.actor.finished_returns())
+        if self.replay.size == 0:
+            raise xf.RunError("D4PGTask: the replay is empty after acting; raise D4PGTask.min_replay_size.")
+        batches, rows, items = [], [], []
+        b, replicas = self.per_replica_batch_size, self.replicator.num_replicas
+        first_key = step * self.global_batch_size
+        for i in range(num_steps):
+            sample = self.replay.sample(self.global_batch_size, self._beta(step + i))
+            sample["key"] = first_key + i * self.global_batch_size + np.arange(self.global_batch_size)
+            rows.append(sample.pop("index"))
+            items.append(sample.pop("item"))
+            # Replica r of the step takes rows [r*b, (r+1)*b): the input pipeline hands
+            # out consecutive elements to replicas 0..R-1.
+            batches.append({k: v.reshape((replicas, b) + v.shape[1:]) for k, v in sample.items()})
+        self._in_flight = (first_key, np.concatenate(rows), np.concatenate(items))
+        self.inputs.put({k: np.concatenate([x[k] for x in batches]) for k in batches[0]})
+        self._call_started = time.perf_counter()
+
+    def after_train_steps(self, step: int) -> Optional[Dict[str, float]]:
+        elapsed = time.perf_counter() - self._call_started
+        first_key, rows, items = self._in_flight
+        with self._lock:
+            received, self._received = self._received, []
+        keys = np.concatenate([k for k, _ in received])
+        td_errors = np.concatenate([t for _, t in received])
+        order = np.argsort(keys, kind="stable")
+        keys, td_errors = keys[order], td_errors[order]
+        if not np.array_equal(keys, first_key + np.arange(len(rows))):
+            raise xf.RunError(f"D4PGTask: the TD errors of {len(keys)} examples came back for the {len(rows)} "
+                              f"sampled at steps {step - len(rows) // self.global_batch_size + 1}..{step}.")
+        self.replay.update_priorities(rows, items, td_errors)
+        self._in_flight = None
+        if self._timed_calls:  # the first host call also traces the step: not counted
+            self._learner_time += elapsed
+            self._learner_steps_timed += len(rows) // self.global_batch_size
+        self._timed_calls += 1
+        metrics = {"env_steps": float(self.actor.env_steps), "episodes": float(self.actor.episodes),
+                   "replay_size": float(self.replay.size),
+                   "env_steps_per_sec": self.actor.env_steps / max(self.actor.acting_time, 1e-9)}
+        if self._learner_steps_timed:
+            metrics["learner_steps_per_sec"] = self._learner_steps_timed / max(self._learner_time, 1e-9)
+        if self._recent_returns:
+            metrics["train_episode_return"] = float(np.mean(self._recent_returns))
+            self._recent_returns = []
+        return metrics
+
+    # -- evaluation --------------------------------------------------------------------
+
+    def evaluate(self, runner) -> Optional[Dict[str, float]]:
+        """Mean undiscounted return of `eval_episodes` episodes of the noiseless policy."""
+        self.actor.update(self.policy.get_weights())
+        returns = episode_returns(self.eval_environment, self.actor.policy, self.eval_episodes)
+        return {"episode_return": float(np.mean(returns))}
+
+    # -- checkpointed acting state -------------------------------------------------------
+
+    def acting_arrays(self) -> Dict[str, np.ndarray]:
+        arrays = {f"replay/{k}": v for k, v in self.replay.state().items()}
+        arrays.update({f"actor/{k}": v for k, v in self.actor.state().items()})
+        return arrays
+
+    def restore_acting(self, arrays: Dict[str, np.ndarray]) -> None:
+        self.replay.restore({k[len("replay/"):]: v for k, v in arrays.items() if k.startswith("replay/")})
+        self.actor.restore({k[len("actor/"):]: v for k, v in arrays.items() if k.startswith("actor/")})
+        if hasattr(self.environment, "reseed"):
+            self.environment.reseed(self._env_seed + self.actor.episodes)
+
+
+class _ActingState(tf.train.experimental.PythonState):
+    """The replay and the actor's state in a checkpoint (numpy's .npz format, no pickle)."""
+
+    def __init__(self, task: D4PGTask):
+        self._task = task
+
+    def serialize(self) -> bytes:
+        buffer = io.BytesIO()
+        np.savez(buffer, **self._task.acting_arrays())
+        return buffer.getvalue()
+
+    def deserialize(self, string_value) -> None:
+        with np.load(io.BytesIO(string_value), allow_pickle=False) as arrays:
+            self._task.restore_acting({k: arrays[k] for k in arrays.files})
