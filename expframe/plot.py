@@ -22,6 +22,7 @@ import sys
 from typing import Sequence
 
 from matplotlib.figure import Figure  # draws with Agg; no pyplot, no display needed
+from matplotlib.lines import Line2D
 
 from expframe.errors import ConfigError
 
@@ -76,25 +77,34 @@ def _series(records: list[dict], split: str, metric: str) -> tuple[list[int], li
 def _labels(model_dirs: Sequence[str]) -> list[str]:
     """Each run's name: its directory's base name, or the path where names collide."""
     names = [os.path.basename(os.path.normpath(d)) for d in model_dirs]
-    return [name if names.count(name) == 1 else os.path.normpath(d) for name, d in zip(names, model_dirs)]
+    return [name if names.count(name) == 1 else os.path.normpath(d) for name, d in zip(names, model_dirs, strict=True)]
 
 
-def plot_runs(model_dirs: list[str], out: str) -> str:
+def plot_runs(model_dirs: list[str], out: str, *, labels: Sequence[str] | None = None,
+              legend_title: str | None = None) -> str:
     """Plots the runs' train loss and eval metrics against step into one PNG.
 
     Args:
       model_dirs: model_dirs of runs, each holding a `metrics.jsonl`.
       out: path of the PNG to write; its directory is created if missing.
+      labels: each run's name in the legend (default: its directory's base name).
+      legend_title: if given, one legend for the whole figure, beside the panels and
+        under this title (for many runs), instead of one in every panel.
 
     Returns:
       `out`.
 
     Raises:
-      ConfigError: no model_dirs, or one has no readable `metrics.jsonl`.
+      ConfigError: no model_dirs, one has no readable `metrics.jsonl`, or labels do
+        not name each run once.
     """
     if not model_dirs:
         raise ConfigError("plot_runs: no model_dirs given; pass at least one run's model_dir.")
-    runs = {label: read_metrics(d) for label, d in zip(_labels(model_dirs), model_dirs)}
+    labels = list(labels) if labels is not None else _labels(model_dirs)
+    if len(labels) != len(model_dirs) or len(set(labels)) != len(labels):
+        raise ConfigError(f"plot_runs: {len(labels)} labels for {len(model_dirs)} runs; "
+                          "give one distinct label per run.")
+    runs = {label: read_metrics(d) for label, d in zip(labels, model_dirs, strict=True)}
 
     eval_metrics = {key for records in runs.values() for r in records if r["split"] == "eval"
                     for key, value in r.items() if key not in ("step", "split") and isinstance(value, (int, float))}
@@ -105,20 +115,26 @@ def plot_runs(model_dirs: list[str], out: str) -> str:
     rows = math.ceil(len(panels) / columns)
     fig = Figure(figsize=(5 * columns, 3.6 * rows), layout="constrained")
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
-    for ax, (split, metric) in zip(axes, panels):
+    colors = {label: f"C{i % 10}" for i, label in enumerate(runs)}
+    for ax, (split, metric) in zip(axes, panels, strict=False):  # the grid may have spare axes
         for label, records in runs.items():
             steps, values = _series(records, split, metric)
             if steps:
-                ax.plot(steps, values, marker="o" if len(steps) < 20 else None, markersize=3, label=label)
+                ax.plot(steps, values, marker="o" if len(steps) < 20 else None, markersize=3, label=label,
+                        color=colors[label])
         ax.set_title(f"{split} {metric}")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if ax.lines:
+        if ax.lines and legend_title is None:
             ax.legend(fontsize="small")
-        else:
+        elif not ax.lines:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
+    if legend_title is not None:
+        handles = [Line2D([], [], color=colors[label], marker="o", markersize=3) for label in runs]
+        fig.legend(handles, list(runs), title=legend_title, loc="outside right upper", fontsize="small",
+                   title_fontsize="small")
 
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, format="png", dpi=100)

@@ -1,0 +1,248 @@
+"""Runs a study's runs: each an ordinary `main.py` process in `<root>/<run name>`.
+
+Sequential by default; `parallel=N` keeps N processes going (never more than the
+cores), each with `TF_NUM_INTRAOP_THREADS = cores // N` so the runs share the
+cores instead of fighting over them. Inter-op threads are left alone: they mostly
+wait, and the `cpu` target sizes its own pool for its logical devices
+(expframe/replicator/targets.py), which an environment value could not override.
+
+A finished run (its `result.json` written under the same `config.gin`) is skipped;
+any other starts `main.py` again, which resumes from its checkpoint. Each attempt's
+exit status, last error line and wall time go to `<root>/logs/<name>.json`, its output
+to `<root>/logs/<name>.log` (and to this process's stdout, prefixed `[k/N]`). A run
+that fails does not stop the others.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+from expframe.sweep.spec import Run, Study
+
+MAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "main.py")
+LOGS = "logs"
+INTRA_OP_ENV = "TF_NUM_INTRAOP_THREADS"
+_TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} ")  # absl/TensorFlow C++ log lines
+_print_lock = threading.Lock()
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def worker_count(parallel: int, cores: int) -> tuple[int, int]:
+    """(processes, intra-op threads each) for `parallel` requested runs on `cores`."""
+    processes = max(1, min(parallel, cores))
+    return processes, max(1, cores // processes)
+
+
+def command(study: Study, run: Run, root: str, mode: str = "train_and_eval", main_py: str = MAIN_PY) -> list[str]:
+    """The `main.py` command line of one run (no shell; arguments as a list)."""
+    return ([sys.executable, main_py] + [f"--gin_file={f}" for f in study.gin_files]
+            + [f"--gin_param={p}" for p in study.gin_params + run.gin_params]
+            + [f"--model_dir={os.path.join(root, run.name)}", f"--mode={mode}"])
+
+
+def is_finished(model_dir: str, config_text: Optional[str]) -> bool:
+    """Whether the run wrote its result.json, under config_text if one is given."""
+    if not os.path.isfile(os.path.join(model_dir, "result.json")):
+        return False
+    if config_text is None:
+        return True
+    try:
+        with open(os.path.join(model_dir, "config.gin"), encoding="utf-8") as f:
+            return f.read() == config_text
+    except OSError:
+        return False
+
+
+def last_error(lines: Sequence[str]) -> str:
+    """The line that says why a run failed: its last `error: ...` line (main.py's
+    format), else the last line that is not a TensorFlow log line."""
+    for line in reversed(lines):
+        if line.startswith("error: "):
+            return line[len("error: "):].strip()
+    for line in reversed(lines):
+        if line.strip() and not _TF_LOG_LINE.match(line):
+            return line.strip()
+    return ""
+
+
+def read_record(root: str, name: str) -> dict:
+    """The run's attempts so far: {"name", "attempts": [{"started", "exit_code", ...}]}."""
+    try:
+        with open(os.path.join(root, LOGS, f"{name}.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"name": name, "attempts": []}
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _say(line: str) -> None:
+    with _print_lock:
+        print(line, flush=True)
+
+
+class _Attempt:
+    """One main.py process: its output goes to the run's log and, prefixed, to stdout."""
+
+    def __init__(self, run: Run, argv: list[str], env: Mapping[str, str], root: str, label: str, echo: bool):
+        self.run, self.root, self.label, self.echo = run, root, label, echo
+        self.lines: list[str] = []
+        self.started_at = time.time()
+        self.log = open(os.path.join(root, LOGS, f"{run.name}.log"), "a", encoding="utf-8")  # pylint: disable=consider-using-with
+        self.log.write(f"=== {datetime.datetime.now().isoformat(timespec='seconds')}: {' '.join(argv)}\n")
+        self.log.flush()
+        # Its own session: a Ctrl-C reaches this process only, which forwards it once
+        # (main.py takes a second signal as "stop now, no checkpoint").
+        self.popen = subprocess.Popen(argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, errors="replace",
+                                      start_new_session=True)
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
+
+    def _pump(self) -> None:
+        for line in self.popen.stdout:
+            line = line.rstrip("\n")
+            self.lines = self.lines[-200:] + [line]
+            self.log.write(line + "\n")
+            self.log.flush()
+            if self.echo and not _TF_LOG_LINE.match(line):
+                _say(f"{self.label} {line}")
+
+    def has_started_training(self) -> bool:
+        """Whether the run is past its set-up: it wrote config.gin (main.py does so once
+        the data and model are built) or a metric, or it has ended."""
+        model_dir = os.path.join(self.root, self.run.name)
+        for name in ("config.gin", "metrics.jsonl"):
+            try:
+                if os.path.getmtime(os.path.join(model_dir, name)) >= self.started_at - 1.0:  # coarse clocks
+                    return True
+            except OSError:
+                pass
+        return self.popen.poll() is not None
+
+    def signal(self, signum: int) -> None:
+        try:
+            os.killpg(self.popen.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def finish(self) -> dict:
+        """Waits for the process; appends this attempt to the run's record; returns it."""
+        code = self.popen.wait()
+        self.reader.join(timeout=5.0)
+        self.log.close()
+        attempt = {"started": datetime.datetime.fromtimestamp(self.started_at).isoformat(timespec="seconds"),
+                   "exit_code": code, "wall_time_s": round(time.time() - self.started_at, 1),
+                   "error": last_error(self.lines) if code != 0 else ""}
+        record = read_record(self.root, self.run.name)
+        record["attempts"].append(attempt)
+        _write_json(os.path.join(self.root, LOGS, f"{self.run.name}.json"), record)
+        return attempt
+
+
+def run_study(study: Study, root: str, config_texts: Optional[Mapping[str, str]] = None, parallel: int = 1,
+              mode: str = "train_and_eval", echo: bool = True,
+              on_change: Optional[Callable[[], None]] = None, main_py: str = MAIN_PY) -> dict:
+    """Runs every unfinished run of the study; returns {run name: last attempt or None}.
+
+    Args:
+      study: the study.
+      root: the study's root directory; run `r` writes into `<root>/<r.name>`.
+      config_texts: run name -> expected config.gin text (from `spec.validate`): a
+        run counts as finished only if its config.gin matches. None: any result.json.
+      parallel: runs at once, capped at the available cores.
+      mode: main.py's --mode.
+      echo: copy the runs' output to stdout, prefixed with `[k/N]`.
+      on_change: called after each run ends (e.g. to rewrite the summary).
+      main_py: the program each run starts (main.py; tests pass a fake).
+
+    Returns:
+      name -> the attempt made now ({"exit_code", "error", "wall_time_s", ...}), or
+      None for a run skipped as finished or not started (stopped by a signal).
+    """
+    runs = study.runs()
+    os.makedirs(os.path.join(root, LOGS), exist_ok=True)
+    outcome = {run.name: None for run in runs}
+    todo = []
+    for run in runs:
+        text = (config_texts or {}).get(run.name)
+        if is_finished(os.path.join(root, run.name), text if config_texts is not None else None):
+            _say(f"[{run.index + 1}/{len(runs)}] {run.name}: finished, skipped")
+        else:
+            todo.append(run)
+    processes, threads = worker_count(parallel, available_cores())
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if parallel > 1:
+        env.setdefault(INTRA_OP_ENV, str(threads))
+        if parallel > processes:
+            _say(f"--parallel={parallel} capped at {processes}: this machine has {available_cores()} core(s)")
+    if todo:
+        _say(f"study '{study.name}': {len(todo)} of {len(runs)} run(s) to do, {processes} at a time"
+             + (f", {env[INTRA_OP_ENV]} intra-op thread(s) each" if parallel > 1 else "") + f"; logs in "
+             f"{os.path.join(root, LOGS)}")
+    received: list[int] = []
+    running: list[_Attempt] = []
+
+    def on_signal(signum, frame):  # pylint: disable=unused-argument
+        received.append(signum)
+        for attempt in running:  # main.py saves a checkpoint and exits 0; a second signal kills.
+            attempt.signal(signum if len(received) == 1 else signal.SIGKILL)
+
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # With several at once, the first run starts alone until it is set up, so that
+        # whatever runs prepare on first use (a generated dataset) is prepared once.
+        first = None
+        while (todo and not received) or running:
+            gate_open = first is None or first.has_started_training()
+            while todo and not received and len(running) < processes and gate_open:
+                run = todo.pop(0)
+                label = f"[{run.index + 1}/{len(runs)}]"
+                _say(f"{label} {run.name}: starting")
+                attempt = _Attempt(run, command(study, run, root, mode, main_py), env, root, label, echo)
+                running.append(attempt)
+                first = first or attempt
+                gate_open = processes == 1 or attempt is not first
+            for attempt in [a for a in running if a.popen.poll() is not None]:
+                running.remove(attempt)
+                result = outcome[attempt.run.name] = attempt.finish()
+                how = "done" if result["exit_code"] == 0 else f"exit {result['exit_code']}: {result['error']}"
+                _say(f"[{attempt.run.index + 1}/{len(runs)}] {attempt.run.name}: {how} "
+                     f"({result['wall_time_s']:.0f} s)")
+                if on_change:
+                    on_change()
+            time.sleep(0.1)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        for attempt in running:  # only on an exception above: never leave orphans.
+            attempt.signal(signal.SIGKILL)
+            attempt.finish()
+    if received:
+        _say(f"study '{study.name}': stopped by {signal.Signals(received[0]).name}; "
+             f"{len(todo)} run(s) not started. Rerun the same command to continue.")
+    return outcome

@@ -1,0 +1,84 @@
+"""A Slurm array job that runs a study's runs on a cluster: one run per array index.
+
+    python -m expframe.sweep --study=experiments/studies/quickstart_batch.gin --emit=slurm \
+        --slurm_option=--partition=cpu --slurm_option=--cpus-per-task=8
+    sbatch runs/quickstart_batch/study.sbatch
+    # when the jobs are done, the table and plots:
+    python -m expframe.sweep --study=experiments/studies/quickstart_batch.gin --emit=summary
+
+Index k runs exactly the `main.py` command the local runner would (same gin files,
+bindings and model_dir), from the directory the script was written in. A run whose
+`result.json` exists exits at once, and a resubmitted array resumes the others from
+their checkpoints. Slurm writes each index's output to `<root>/logs/slurm-<job>_<k>.out`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Optional, Sequence
+
+from expframe.sweep import runner
+from expframe.sweep.spec import Study
+
+SCRIPT = "study.sbatch"
+
+
+def script(study: Study, root: str, mode: str = "train_and_eval", options: Sequence[str] = (),
+           max_running: Optional[int] = None, main_py: str = runner.MAIN_PY) -> str:
+    """The text of the array job script.
+
+    Args:
+      study: the study.
+      root: the study root (as the runs' model_dirs are written).
+      mode: main.py's --mode.
+      options: extra `#SBATCH` options, e.g. `--partition=gpu`, `--gres=gpu:8`.
+      max_running: at most this many array tasks at once (`--array=0-N%K`).
+      main_py: path of main.py.
+
+    Returns:
+      A bash script for `sbatch`.
+    """
+    runs = study.runs()
+    last = len(runs) - 1
+    throttle = f"%{max_running}" if max_running else ""
+    lines = [
+        "#!/bin/bash",
+        f"# Study '{study.name}': {len(runs)} runs of main.py, one per array index.",
+        "# Written by `python -m expframe.sweep --emit=slurm`. Submit with: sbatch "
+        + shlex.quote(os.path.join(root, SCRIPT)),
+        f"#SBATCH --job-name={study.name}",
+        f"#SBATCH --array=0-{last}{throttle}",
+        f"#SBATCH --output={os.path.join(os.path.abspath(root), runner.LOGS, 'slurm-%A_%a.out')}",
+    ]
+    lines += [f"#SBATCH {option}" for option in options]
+    lines += [
+        "set -euo pipefail",
+        f"cd {shlex.quote(os.getcwd())}",
+        f"PYTHON=\"${{PYTHON:-{sys.executable}}}\"",
+        'case "${SLURM_ARRAY_TASK_ID:?submit this script with sbatch: it is a Slurm array job}" in',
+    ]
+    for run in runs:
+        argv = runner.command(study, run, root, mode, main_py)[1:]  # the interpreter is $PYTHON
+        model_dir = os.path.join(root, run.name)
+        lines.append(f"  {run.index}) NAME={shlex.quote(run.name)}; MODEL_DIR={shlex.quote(model_dir)}")
+        lines.append(f"     ARGS=({' '.join(shlex.quote(a) for a in argv)}) ;;")
+    lines += [
+        f'  *) echo "array index $SLURM_ARRAY_TASK_ID: this study has runs 0-{last}" >&2; exit 2 ;;',
+        "esac",
+        'if [ -f "$MODEL_DIR/result.json" ]; then echo "$NAME: finished, skipped"; exit 0; fi',
+        'echo "$NAME: $PYTHON ${ARGS[*]}"',
+        'exec "$PYTHON" "${ARGS[@]}"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_script(study: Study, root: str, **kwargs) -> str:
+    """Writes `<root>/study.sbatch` (executable) and creates `<root>/logs`; returns its path."""
+    os.makedirs(os.path.join(root, runner.LOGS), exist_ok=True)
+    path = os.path.join(root, SCRIPT)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(script(study, root, **kwargs))
+    os.chmod(path, 0o755)
+    return path

@@ -1,0 +1,46 @@
+"""A stand-in for main.py in runner tests: same flags, same run files, no TensorFlow.
+
+It reads `--gin_param`s and `--model_dir`, writes config.gin, metrics.jsonl and
+result.json like a run of `Trainer.train_steps` steps, and records its environment
+(env.json) and how many times it started (starts.txt). A learning rate of 1e30
+fails like a NaN loss (exit 1, `error: ...` on stderr); `fake.sleep_s = S` sleeps
+first (to test signals).
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def main(argv):
+    params = [a.split("=", 1)[1] for a in argv if a.startswith("--gin_param=")]
+    model_dir = next(a.split("=", 1)[1] for a in argv if a.startswith("--model_dir="))
+    bindings = dict(p.split(" = ", 1) for p in params)
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "starts.txt"), "a") as f:
+        f.write(f"{time.time()}\n")
+    with open(os.path.join(model_dir, "env.json"), "w") as f:
+        json.dump({"TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS")}, f)
+    with open(os.path.join(model_dir, "config.gin"), "w") as f:
+        f.write("\n".join(params) + "\n")
+    time.sleep(float(bindings.get("fake.sleep_s", 0)))
+    steps = int(bindings.get("Trainer.train_steps", 2))
+    batch = int(bindings.get("Trainer.global_batch_size", 8))
+    with open(os.path.join(model_dir, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({"step": 1, "split": "train", "loss": 2.0, "examples_per_sec": 10.0 * batch}) + "\n")
+        if float(bindings.get("keras.optimizers.Adam.learning_rate", 0)) >= 1e30:
+            print("step 1/2  loss 2.0", flush=True)
+            print("error: loss is nan at step 2; stopped.", file=sys.stderr, flush=True)
+            return 1
+        f.write(json.dumps({"step": steps, "split": "train", "loss": 1.0, "examples_per_sec": 20.0 * batch}) + "\n")
+        f.write(json.dumps({"step": steps, "split": "eval", "top1": batch / 100.0, "loss": 1.5}) + "\n")
+    with open(os.path.join(model_dir, "result.json"), "w") as f:
+        json.dump({"step": steps, "target": "cpu", "num_replicas": 2, "global_batch_size": batch,
+                   "eval": {"top1": batch / 100.0, "loss": 1.5}, "wall_time_s": 0.5}, f)
+    print(f"step {steps}/{steps}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
