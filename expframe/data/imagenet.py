@@ -14,14 +14,19 @@ Preprocessing (the ResNet recipe of Goyal et al. 2017 and torchvision):
     image_size, random horizontal flip.
   eval: resize the shorter side to image_size / 0.875 (256 for 224), centre crop.
   both: per-channel (x - mean) / std with ImageNet's statistics on the [0, 255] scale.
-Randomness is stateless, seeded per example from a `tf.data.Dataset.random` stream,
-so with a seed the pipeline is reproducible at any parallelism and its position can
-be checkpointed and resumed.
+Order (training): the index-based global order of expframe/data/order.py, so a run
+resumes from its data position (global examples consumed, `ctx.start_example`) at
+any worker and replica count with nothing to save but that number: the prepared
+split's files are read in the seekable shuffled order of expframe/data/records.py
+(`num_streams` interleaved streams, each file shuffled in blocks; together about
+`shuffle_buffer_size` records are held for shuffling), and mock data, held in
+memory, in a new permutation every epoch. Randomness is stateless, seeded per
+example by (seed, global position), so the pipeline is reproducible at any
+parallelism and topology.
 
 Mock mode (`use_mock=True`): `tfds.testing.mock_data` makes random examples with the
 real feature spec (encoded JPEG images, labels in [0, 1000)) without any files; they
-are copied into memory so the iterator stays checkpointable. For tests and speed
-runs only (the images are small and random).
+are held in memory. For tests and speed runs only (the images are small and random).
 
 Example, as a task's input_fn:
     def input_fn(ctx):
@@ -41,6 +46,7 @@ import gin
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from expframe.data import order, records
 from expframe.errors import ConfigError
 
 MEAN_RGB = (123.675, 116.28, 103.53)  # ImageNet per-channel mean, [0, 255] scale
@@ -181,17 +187,41 @@ def _mock_arrays(split: str, num_examples: int, data_dir: Optional[str]) -> Tupl
         mocked = _builder(data_dir).as_dataset(
             split=split, decoders={"image": tfds.decode.SkipDecoding()})
         examples = list(mocked.map(lambda ex: (ex["image"], ex["label"])).as_numpy_iterator())
-    return tuple(zip(*examples))
+    return tuple(zip(*examples, strict=True))
 
 
 def _mock_examples(split: str, num_examples: int, data_dir: Optional[str]) -> tf.data.Dataset:
-    """`num_examples` random examples with the real features, held in memory.
-
-    The mock reads through a Python generator, which a checkpoint cannot save;
-    copying the examples into tensors keeps the iterator checkpointable.
-    """
+    """`num_examples` random examples with the real features, held in memory, in order."""
     images, labels = _mock_arrays(split, num_examples, data_dir)
     return tf.data.Dataset.from_tensor_slices({"image": list(images), "label": list(labels)})
+
+
+def _mock_train(split: str, num_examples: int, data_dir: Optional[str], positions: tf.data.Dataset,
+                seed: int) -> tf.data.Dataset:
+    """(position, example) in the per-epoch permutations of the mock examples."""
+    images, labels = _mock_arrays(split, num_examples, data_dir)
+    images, labels = tf.constant(list(images)), tf.constant(list(labels))
+
+    def example(position):
+        index = order.shuffled_index(position, len(labels), seed)
+        return position, {"image": tf.gather(images, index), "label": tf.gather(labels, index)}
+
+    return positions.map(example)
+
+
+def _disk_train(builder: tfds.core.DatasetBuilder, split: str, ctx: tf.distribute.InputContext,
+                start: int, seed: int, num_streams: int, block_size: int) -> tf.data.Dataset:
+    """(position, example) of the prepared split, read in the seekable order of records.py."""
+    stream = records.stream_records(records.tfds_files(builder, split), start, ctx.input_pipeline_id,
+                                    ctx.num_input_pipelines, seed, num_streams, block_size)
+    features = builder.info.features
+    decoders = {"image": tfds.decode.SkipDecoding()}
+
+    def example(position, record):
+        ex = features.deserialize_example(record, decoders=decoders)
+        return position, {"image": ex["image"], "label": ex["label"]}
+
+    return stream.map(example, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 @gin.configurable
@@ -206,6 +236,7 @@ def imagenet_input(split: str = "train",
                    image_size: int = 224,
                    dtype: str = "float32",
                    shuffle_buffer_size: int = 10_000,
+                   num_streams: int = 16,
                    use_mock: bool = False,
                    mock_num_examples: int = 256) -> tf.data.Dataset:
     """This input pipeline's share of ImageNet, in per-replica batches.
@@ -215,22 +246,25 @@ def imagenet_input(split: str = "train",
 
     Args:
       split: a TFDS split of imagenet2012 ("train", "validation", "train[:1%]", ...).
-      ctx: the InputContext given to `input_fn`; this pipeline reads every
-        `ctx.num_input_pipelines`-th file starting at `ctx.input_pipeline_id`.
-        None: one pipeline.
+      ctx: the InputContext given to `input_fn`. Training: this pipeline takes every
+        `ctx.num_input_pipelines`-th example of the global order from
+        `ctx.start_example` (0 if absent) on; eval: every
+        `ctx.num_input_pipelines`-th file. None: one pipeline.
       batch_size: examples per batch, i.e. per replica
         (`ctx.get_per_replica_batch_size(global_batch_size)`).
       training: train preprocessing, shuffling and repetition (True) or eval
         preprocessing, file order, one pass (False); default: split starts with "train".
-      seed: seed of file order, shuffling and augmentation (offset per pipeline);
-        None: random, unless `deterministic`, which then uses 0.
-      deterministic: make the element order deterministic (tf.data `deterministic`)
-        and seed every random choice.
+      seed: seed of the example order and augmentation (the same for every pipeline:
+        the order is global); None: random, unless `deterministic`, which then uses 0.
+      deterministic: seed every random choice (seed 0 if None) and keep the eval
+        element order (the train order is always deterministic: resume relies on it).
       data_dir: TFDS data dir (None: the TFDS default).
       manual_dir: where the ILSVRC2012 tar files are (None: `<data_dir>/downloads/manual`).
       image_size: side of the square images.
       dtype: image dtype ("float32", "bfloat16", "float16").
-      shuffle_buffer_size: examples in the shuffle buffer (training only).
+      shuffle_buffer_size: records held for shuffling (training only): each of the
+        `num_streams` streams shuffles blocks of shuffle_buffer_size / num_streams.
+      num_streams: interleaved streams the split's files are dealt into (training).
       use_mock: fake examples from `tfds.testing.mock_data`, no files needed.
       mock_num_examples: number of fake examples per split (before sharding).
 
@@ -246,34 +280,39 @@ def imagenet_input(split: str = "train",
     training = split.startswith("train") if training is None else training
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"imagenet_input: batch_size={batch_size!r} must be a positive integer.")
+    if not isinstance(num_streams, int) or num_streams < 1:
+        raise ConfigError(f"imagenet_input.num_streams={num_streams!r} must be a positive integer.")
     if deterministic and seed is None:
         seed = 0
-    pipeline_seed = None if seed is None else seed + ctx.input_pipeline_id
-    if use_mock:
-        ds = _mock_examples(split, mock_num_examples, data_dir)
-        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-    else:
-        builder = prepare(data_dir, manual_dir, ctx.num_input_pipelines)
-        ds = builder.as_dataset(
-            split=split, shuffle_files=training, decoders={"image": tfds.decode.SkipDecoding()},
-            read_config=tfds.ReadConfig(input_context=ctx, shuffle_seed=pipeline_seed,
-                                        try_autocache=False))
-        ds = ds.map(lambda ex: {"image": ex["image"], "label": ex["label"]})
     dtype = tf.as_dtype(dtype)
     if training:
-        ds = ds.shuffle(shuffle_buffer_size, seed=pipeline_seed).repeat()
-        # One stateless seed per example, from a checkpointable random stream.
-        seeds = tf.data.Dataset.random(seed=pipeline_seed).batch(2)
-        ds = tf.data.Dataset.zip(ds, seeds).map(
-            lambda ex, s: {"image": preprocess_for_train(ex["image"], s, image_size, dtype),
-                           "label": tf.cast(ex["label"], tf.int32)},
+        seed = order.resolve_seed(seed)
+        start = order.start_example(ctx)
+        if use_mock:
+            ds = _mock_train(split, mock_num_examples, data_dir, order.positions(ctx, start), seed)
+        else:
+            builder = prepare(data_dir, manual_dir, ctx.num_input_pipelines)
+            ds = _disk_train(builder, split, ctx, start, seed, num_streams,
+                             max(1, shuffle_buffer_size // num_streams))
+        ds = ds.map(
+            lambda position, ex: {
+                "image": preprocess_for_train(ex["image"], order.example_seed(seed, position), image_size, dtype),
+                "label": tf.cast(ex["label"], tf.int32)},
             num_parallel_calls=tf.data.AUTOTUNE)
     else:
+        if use_mock:
+            ds = _mock_examples(split, mock_num_examples, data_dir)
+            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        else:
+            builder = prepare(data_dir, manual_dir, ctx.num_input_pipelines)
+            ds = builder.as_dataset(
+                split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()},
+                read_config=tfds.ReadConfig(input_context=ctx, try_autocache=False))
         ds = ds.map(lambda ex: {"image": preprocess_for_eval(ex["image"], image_size, dtype),
                                 "label": tf.cast(ex["label"], tf.int32)},
                     num_parallel_calls=tf.data.AUTOTUNE)
     # Eval keeps the partial last batch: the trainer pads it (expframe/data/masked.py).
     ds = ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
-    options.deterministic = deterministic
+    options.deterministic = True if training else deterministic
     return ds.with_options(options)

@@ -1,28 +1,40 @@
 """Gin-configurable input functions for tasks: `fn(split, ctx, batch_size, training, seed,
 deterministic) -> tf.data.Dataset` of {"image", "label", "id"} batches for one input pipeline.
 
-Sharding: every pipeline shuffles the same way (same seed), then keeps every
-`num_input_pipelines`-th example. So each example of an epoch is read by exactly
-one worker, and a global step sees the same examples whether its replicas sit on
-one host or several.
+Training reads in the index-based global order of expframe/data/order.py: each epoch
+is a fresh permutation of the split, pipeline w of W takes every W-th example of the
+global stream from `ctx.start_example` on (the run's data position), so each example
+of an epoch is read by exactly one worker, a global step sees the same examples
+whether its replicas sit on one host or several, and a resumed run (at any replica
+count) reads exactly the examples it would have read. Evaluation reads the split
+once, in order, every W-th example per pipeline.
 """
 
-from typing import Optional
+import functools
+from typing import Optional, Tuple
 
 import gin
+import numpy as np
 import tensorflow as tf
 
+from expframe.data import order
 from expframe.errors import ConfigError
 
-_SHUFFLE_BUFFER = 20_000
+
+@functools.lru_cache(maxsize=4)
+def _in_memory(split: str, image_size: int, data_dir: Optional[str], num_train: Optional[int],
+               num_test: Optional[int]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(images uint8 [N, S, S, 3], labels int64 [N], ids int64 [N]) of a prepared shapes split."""
+    from expframe.data import shapes  # pylint: disable=import-outside-toplevel
+    dataset = shapes.load_shapes(split, size=image_size, data_dir=data_dir, num_train=num_train, num_test=num_test)
+    parts = list(dataset.batch(4096).as_numpy_iterator())
+    return tuple(np.concatenate([p[k] for p in parts]) for k in ("image", "label", "id"))
 
 
-def _finish(dataset, ctx, batch_size, training, seed):
-    if training:
-        dataset = dataset.shuffle(_SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True).repeat()
-    dataset = dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-    # Eval keeps the partial last batch: the trainer pads it (expframe/data/masked.py).
-    return dataset.batch(batch_size, drop_remainder=training)
+def _prepare(image, label, ids, standardize):
+    image = tf.cast(image, tf.float32)
+    image = tf.image.per_image_standardization(image) if standardize else image / 127.5 - 1.0
+    return {"image": image, "label": tf.cast(label, tf.int32), "id": ids}
 
 
 @gin.configurable
@@ -37,17 +49,24 @@ def shapes_input(split: str, ctx: tf.distribute.InputContext, batch_size: int, t
     for tests), standardize (per-image zero mean and unit variance, which removes
     the random background colour and brightness; False scales to [-1, 1]).
     """
-    del deterministic  # tf.data keeps element order by default; the seed fixes the shuffle.
+    del deterministic  # both orders are deterministic: the seed fixes the permutations.
     from expframe.data import shapes  # pylint: disable=import-outside-toplevel
     if image_size not in (32, 64):
         raise ConfigError(f"shapes_input.image_size={image_size!r}: use 32 or 64.")
-    dataset = shapes.load_shapes(split, size=image_size, data_dir=data_dir,
-                                 num_train=num_train, num_test=num_test).cache()
+    if not training:
+        dataset = shapes.load_shapes(split, size=image_size, data_dir=data_dir,
+                                     num_train=num_train, num_test=num_test).cache()
+        dataset = dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        dataset = dataset.map(lambda ex: _prepare(ex["image"], ex["label"], ex["id"], standardize),
+                              num_parallel_calls=tf.data.AUTOTUNE)
+        # Eval keeps the partial last batch: the trainer pads it (expframe/data/masked.py).
+        return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    images, labels, ids = (tf.constant(a) for a in _in_memory(split, image_size, data_dir, num_train, num_test))
+    num, seed = int(labels.shape[0]), order.resolve_seed(seed)
 
-    def prepare(example):
-        image = tf.cast(example["image"], tf.float32)
-        image = tf.image.per_image_standardization(image) if standardize else image / 127.5 - 1.0
-        return {"image": image, "label": tf.cast(example["label"], tf.int32), "id": example["id"]}
+    def gather(positions):
+        index = order.shuffled_index(positions, num, seed)
+        return _prepare(tf.gather(images, index), tf.gather(labels, index), tf.gather(ids, index), standardize)
 
-    dataset = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
-    return _finish(dataset, ctx, batch_size, training, seed).prefetch(tf.data.AUTOTUNE)
+    dataset = order.positions(ctx, order.start_example(ctx)).batch(batch_size, drop_remainder=True)
+    return dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)

@@ -1,48 +1,156 @@
-"""Distributed input whose position can be checkpointed.
+"""Distributed input whose position is a few bytes, at any replica count.
 
-`tf.distribute`'s own distributed iterators are not trackable, so a run could
-not resume on the exact next batch. Here each worker keeps ONE plain `tf.data`
-iterator (checkpointable) over the dataset that `input_fn` builds for it. Its
-elements are stacked groups of the batches that the worker's local replicas
-consume, in the same order that `distribute_datasets_from_function` would hand
-them out (replica i of a worker takes the i-th of each group of consecutive
-batches); each replica gets its slice through
+`tf.distribute`'s own distributed iterators are not trackable, so a run could not
+resume on the exact next batch. Here each worker keeps ONE plain `tf.data` iterator
+over the dataset that `input_fn` builds for it. Its elements are stacked groups of
+the batches that the worker's local replicas consume, in the same order that
+`distribute_datasets_from_function` would hand them out (replica i of a worker takes
+the i-th of each group of consecutive batches); each replica gets its slice through
 `experimental_distribute_values_from_function`.
+
+The data position is not the tf.data iterator's state (that would hold its shuffle
+and prefetch buffers: gigabytes per worker for ImageNet, and tied to the replica
+count). It is `InputPosition`: how many global batches, and how many examples, the
+steps have consumed, counted as they take their batches. On resume the input is
+rebuilt at that position, in one of two ways:
+
+- index-based: `input_fn` reads `ctx.start_example` (an `InputContext` here) and starts
+  its stream at that global example, deciding by index what to read and never
+  decoding what was consumed (expframe's datasets do; see expframe/data/order.py).
+  This works at any replica and worker count and global batch size.
+- re-derived: an `input_fn` that ignores `ctx.start_example` is rebuilt from its
+  start and the consumed batches are skipped (read and dropped: exact when the
+  pipeline's order is deterministic and each element is one global batch, slow for
+  big datasets).
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Tuple
 
 import tensorflow as tf
 
 
-class DistributedInput:
-    """Iterable over per-replica batches; `iter()` gives a checkpointable iterator."""
+class InputContext(tf.distribute.InputContext):
+    """`tf.distribute.InputContext` plus where the input starts.
 
-    def __init__(self, strategy: tf.distribute.Strategy, input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+    Attributes:
+      start_example: global examples the run has consumed (over all replicas and
+        workers, since step 0): an index-based input_fn starts its stream there.
+      global_batch_size: the value passed to `get_per_replica_batch_size`, if called.
+    """
+
+    def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0,
+                 num_replicas_in_sync: int = 1, start_example: int = 0):
+        super().__init__(num_input_pipelines, input_pipeline_id, num_replicas_in_sync)
+        self._start_example = int(start_example)
+        self.start_read = False
+        self.global_batch_size = None
+
+    @property
+    def start_example(self) -> int:
+        self.start_read = True
+        return self._start_example
+
+    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
+        self.global_batch_size = global_batch_size
+        return super().get_per_replica_batch_size(global_batch_size)
+
+
+class InputPosition(tf.Module):
+    """How far the train steps have read: the checkpointed data position.
+
+    Variables (int64, the same on every replica and worker): `batches` (global batches
+    taken), `examples` (global examples taken) and `replicas` (the replica count of
+    the run that counted them, for the resume message).
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy):
+        super().__init__(name="input_position")
+        with strategy.scope(), tf.device("/cpu:0"):
+            def counter(name, value=0):
+                return tf.Variable(value, dtype=tf.int64, trainable=False, name=name,
+                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.batches = counter("batches")
+            self.examples = counter("examples")
+            self.replicas = counter("replicas", strategy.num_replicas_in_sync)
+
+    def advance(self, examples: int) -> None:
+        """One global batch of `examples` examples taken (eagerly or inside a tf.function)."""
+        self.batches.assign_add(1)
+        self.examples.assign_add(examples)
+
+    def values(self) -> Tuple[int, int, int]:
+        """(batches, examples, replicas) as Python ints."""
+        return int(self.batches.numpy()), int(self.examples.numpy()), int(self.replicas.numpy())
+
+
+class DistributedInput:
+    """Iterable over per-replica batches; `iter()` gives a `DistributedIterator`."""
+
+    def __init__(self, strategy: tf.distribute.Strategy,
+                 input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
                  num_workers: int, worker_index: int):
         self._strategy = strategy
+        self._input_fn = input_fn
+        self._num_workers = num_workers
+        self._worker_index = worker_index
         self._local = strategy.num_replicas_in_sync // num_workers
-        context = tf.distribute.InputContext(
-            num_input_pipelines=num_workers, input_pipeline_id=worker_index,
-            num_replicas_in_sync=strategy.num_replicas_in_sync)
+        self.dataset, ctx = self._build(0)
+        self.element_spec = self.dataset.element_spec
+        self.examples_per_batch = self._global_batch(ctx)
+        #: Whether input_fn starts where it is told (index-based resume).
+        self.index_based = ctx.start_read and self.examples_per_batch is not None
+
+    def _build(self, start_example: int) -> Tuple[tf.data.Dataset, InputContext]:
+        ctx = InputContext(self._num_workers, self._worker_index, self._strategy.num_replicas_in_sync,
+                           start_example)
         with tf.device("/cpu:0"):
-            dataset = input_fn(context)
+            dataset = self._input_fn(ctx)
             if not isinstance(dataset, tf.data.Dataset):
                 raise TypeError(f"input_fn must return a tf.data.Dataset, got {type(dataset).__name__}.")
+            self._per_input_spec = dataset.element_spec
             if self._local > 1:
                 dataset = dataset.batch(self._local, drop_remainder=True)
-            self.dataset = dataset.prefetch(tf.data.AUTOTUNE)
-        self.element_spec = dataset.element_spec
+            return dataset.prefetch(tf.data.AUTOTUNE), ctx
+
+    def _global_batch(self, ctx: InputContext) -> Optional[int]:
+        """Examples in one global batch: from the global batch size input_fn asked the
+        per-replica share of, if its batches have that many examples; else None."""
+        leaves = tf.nest.flatten(self._per_input_spec)
+        rank_ok = leaves and all(s.shape.rank for s in leaves)
+        per_replica = leaves[0].shape[0] if rank_ok else None
+        if ctx.global_batch_size is None or per_replica is None:
+            return None
+        if per_replica * self._strategy.num_replicas_in_sync != ctx.global_batch_size:
+            return None  # e.g. several sub-batches per element: not one batch of examples
+        return int(ctx.global_batch_size)
 
     def __iter__(self) -> "DistributedIterator":
-        return DistributedIterator(self._strategy, self.plain_iterator(), self._local)
+        return DistributedIterator(self)
 
     def plain_iterator(self):
-        """A plain (checkpointable) tf.data iterator over the stacked batches, for
-        `Replicator.next_from` inside a tf.function: unlike a new DistributedIterator
-        (a tf.Module), a new plain iterator of the same element spec does not retrace."""
+        """A plain tf.data iterator over the stacked batches, for `Replicator.next_from`
+        inside a tf.function: unlike a new DistributedIterator (a tf.Module), a new
+        plain iterator of the same element spec does not retrace."""
         with tf.device("/cpu:0"):
             return iter(self.dataset)
+
+    def dataset_at(self, batches: int, examples: int) -> Tuple[tf.data.Dataset, str]:
+        """The stacked batches from a position on, and how it was reached (for the log)."""
+        if self.index_based:
+            dataset, _ = self._build(examples)
+            return dataset, f"index-based: the input restarts at global example {examples:,}"
+        with tf.device("/cpu:0"):
+            dataset = self.dataset.skip(batches)
+        return dataset, (f"re-derived: input_fn does not read ctx.start_example, so it restarts from "
+                         f"its beginning and skips the {batches:,} batches already consumed")
+
+    @property
+    def local_replicas(self) -> int:
+        return self._local
+
+    @property
+    def strategy(self) -> tf.distribute.Strategy:
+        return self._strategy
 
 
 def per_replica(strategy, stacked, local):
@@ -57,20 +165,51 @@ def per_replica(strategy, stacked, local):
 
 
 class DistributedIterator(tf.Module):
-    """`next()` returns per-replica values, eagerly or inside a `tf.function`.
+    """`next()` returns per-replica values, eagerly or inside a `tf.function`, and counts
+    what it hands out in `position` (an `InputPosition`).
 
-    Put it (or its `.iterator`) in a `tf.train.Checkpoint` to save the data position.
+    To resume: restore `position` (e.g. from a `tf.train.Checkpoint(data=it.position)`),
+    then call `restart()` before the first `next()` (and before tracing a function
+    that takes this iterator).
     """
 
-    def __init__(self, strategy, iterator, local_replicas):
+    def __init__(self, source: DistributedInput):
         super().__init__(name="distributed_iterator")
-        self._strategy = strategy
-        self._local = local_replicas
-        self.iterator = iterator  # a plain tf.data iterator (DistributedInput.plain_iterator)
+        self._source = source
+        self.position = InputPosition(source.strategy)
+        self._iterator = None
+
+    @property
+    def iterator(self):
+        """The underlying plain tf.data iterator (made on first use, at `position`)."""
+        if self._iterator is None:
+            batches, examples, _ = self.position.values()
+            dataset = self._source.dataset if batches == 0 else self._source.dataset_at(batches, examples)[0]
+            with tf.device("/cpu:0"):
+                self._iterator = iter(dataset)
+        return self._iterator
+
+    @property
+    def index_based(self) -> bool:
+        return self._source.index_based
+
+    def restart(self) -> str:
+        """Rebuilds the input at `position` (restored from a checkpoint, or set) and
+        returns one line saying where and how it resumes."""
+        batches, examples, replicas = self.position.values()
+        dataset, how = self._source.dataset_at(batches, examples)
+        with tf.device("/cpu:0"):
+            self._iterator = iter(dataset)
+        now = self._source.strategy.num_replicas_in_sync
+        self.position.replicas.assign(now)
+        moved = f" (counted on {replicas} replicas, continuing on {now})" if replicas != now else ""
+        return f"data position: {batches:,} global batches, {examples:,} examples consumed{moved}; {how}"
 
     def get_next(self) -> Any:
         """The next batch for every replica (a PerReplica structure)."""
-        return per_replica(self._strategy, next(self.iterator), self._local)
+        stacked = next(self.iterator)
+        self.position.advance(self._source.examples_per_batch or 0)
+        return per_replica(self._source.strategy, stacked, self._source.local_replicas)
 
     def __next__(self):
         return self.get_next()
