@@ -20,14 +20,26 @@ flags.DEFINE_bool("allow_config_change", False, "Resume even if the config diffe
 FLAGS = flags.FLAGS
 
 
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def parse_flags(argv):
+    """absl's flag parsing, but a bad flag is a configuration error: one line, exit 2."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        sys.exit(_error(f"{' '.join(str(e).split())}; see `python main.py --helpfull`."))
+
+
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments {argv[1:]}; pass settings with --gin_param")
+        return _error(f"unexpected arguments {argv[1:]}; pass settings with --gin_param")
     logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines drown the progress
     from expframe import config, errors, experiment  # pylint: disable=import-outside-toplevel
     if not FLAGS.gin_file:
-        print("error: --gin_file is required (e.g. --gin_file=experiments/quickstart.gin)", file=sys.stderr)
-        return 2
+        return _error("--gin_file is required (e.g. --gin_file=experiments/quickstart.gin)")
     model_dir = FLAGS.model_dir or os.path.join("runs", os.path.splitext(os.path.basename(FLAGS.gin_file[0]))[0])
     try:
         text = config.parse(FLAGS.gin_file, FLAGS.gin_param)
@@ -36,8 +48,14 @@ def main(argv):
     except (errors.ConfigError, errors.RunError) as e:
         print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return e.exit_code
+    except (TypeError, ValueError, RuntimeError) as e:
+        # gin builds run_experiment's arguments (the task) before its body runs.
+        error = config.config_error_from(e)
+        if error is None:
+            raise
+        return _error(str(error))
     return 0
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -9,7 +9,7 @@ the TF/Keras symbols are registered here under the module names users type
 import difflib
 import os
 import re
-from typing import Sequence
+from typing import Optional, Sequence
 
 import gin
 import keras
@@ -85,6 +85,60 @@ def _explain(error: Exception, where: str) -> str:
         return (f"{where}: '{configurable}' has no parameter '{parameter}'"
                 f"{_suggest(parameter, params)}")
     return f"{where}: {first}"
+
+
+_INNERMOST = re.compile(r"In call to configurable '([^']+)'")
+_MISSING = re.compile(r"Required bindings for `?([\w.]+)`? not provided in config: \[(.*?)\]")
+_UNSUPPLIED = re.compile(r"No values supplied by Gin or caller for arguments: \[(.*?)\]")
+# Configurables whose own body is the run: an error annotated only with these came
+# from the run itself (a bug or a failure), not from a bound value.
+_RUN_CONFIGURABLES = ("run_experiment",)
+
+
+def _names(listed: str):
+    return [name.strip().strip("'\"") for name in listed.split(",") if name.strip()]
+
+
+def _bindings_of(configurable: str) -> str:
+    """`name=value, ...` of what the config binds on `configurable` (any scope)."""
+    bound = []
+    for (_, selector), params in gin.config._CONFIG.items():  # pylint: disable=protected-access
+        if selector == configurable or selector.endswith("." + configurable):
+            bound += [f"{name}={value!r}" for name, value in params.items()]
+    text = ", ".join(bound)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def config_error_from(error: Exception) -> Optional[ConfigError]:
+    """The one-line ConfigError for an error gin raised while calling configurables.
+
+    Gin raises a RuntimeError for a missing required binding, and re-raises what a
+    configurable raised, appending "In call to configurable 'X'" for each enclosing
+    configurable. This maps: a missing required binding (or an argument nobody
+    supplied) to "missing binding(s) X.p", and a TypeError or ValueError raised in
+    configurable X (a value of the wrong type or range) to a line naming X and the
+    values bound on it.
+
+    Returns:
+      The ConfigError, or None when `error` is not the configuration's fault (it
+      came from the run itself; re-raise it).
+    """
+    if isinstance(error, ConfigError):
+        return ConfigError(str(error).strip().splitlines()[0])
+    text = str(error)
+    missing = _MISSING.search(text)
+    unsupplied = _UNSUPPLIED.search(text)
+    calls = _INNERMOST.findall(text)
+    if missing or (unsupplied and calls):
+        owner, params = (missing.group(1), missing.group(2)) if missing else (calls[0], unsupplied.group(1))
+        names = ", ".join(f"{owner}.{p}" for p in _names(params))
+        return ConfigError(f"missing binding(s) {names}; set them in the gin file or with --gin_param.")
+    if not isinstance(error, (TypeError, ValueError)) or not calls or calls[0] in _RUN_CONFIGURABLES:
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    bound = _bindings_of(calls[0])
+    return ConfigError(f"{calls[0]}: {first} ({'bound: ' + bound if bound else 'nothing bound'}); "
+                       f"check the type and value of its bindings.")
 
 
 def parse(gin_files: Sequence[str], gin_params: Sequence[str]) -> str:

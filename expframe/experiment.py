@@ -2,12 +2,12 @@
 written into the model_dir until the whole configuration has been validated."""
 
 import os
-import re
 
 import gin
 import keras
 import tensorflow as tf
 
+from expframe import config
 from expframe.errors import ConfigError
 from expframe.replicator import Replicator
 from expframe.run_files import RunFiles
@@ -39,21 +39,49 @@ def _cpu_has_bfloat16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def _gin_call(fn, what: str):
-    """Calls a configurable; gin's 'required binding' errors become ConfigErrors."""
+def _gin_call(fn):
+    """Calls fn, which calls configurables; the configuration's errors become ConfigErrors.
+
+    A ConfigError passes through; a missing required binding, or a value of the wrong
+    type or range raised inside a configurable (see `config.config_error_from`),
+    becomes a one-line ConfigError; anything else (a failure of the run) is re-raised.
+    """
     try:
         return fn()
     except ConfigError:
         raise
-    except (ValueError, TypeError, RuntimeError) as e:
-        text = str(e)
-        missing = re.search(r"Required bindings for `?(\w+)`? not provided in config: \[(.*?)\]", text)
-        if missing:
-            names = ", ".join(f"{missing.group(1)}.{p.strip(chr(39))}" for p in missing.group(2).split(", "))
-            raise ConfigError(f"{what}: missing binding(s) {names}; set them in the gin file or with --gin_param.") from None
-        if "In call to configurable" in text or "takes" in text or "unexpected keyword" in text:
-            raise ConfigError(f"{what}: {text.strip().splitlines()[0]}") from None
-        raise
+    except (TypeError, ValueError, RuntimeError) as e:
+        error = config.config_error_from(e)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _check_config_unchanged(model_dir: str, config_text: str, parsed_config: str) -> None:
+    """Refuses to resume model_dir with a configuration other than the one it was run with.
+
+    Compares what the gin files and bindings parse to (`gin.config_str()`: includes
+    expanded, later bindings win, no paths), so `./experiments/x.gin` and
+    `experiments/x.gin` are the same config and an edit inside an included file is a
+    change. A model_dir written before parsed_config.gin existed is compared as given.
+    """
+    name, current = "parsed_config.gin", parsed_config
+    previous = RunFiles.existing_config(model_dir, name)
+    if previous is None:
+        name, current = "config.gin", config_text
+        previous = RunFiles.existing_config(model_dir, name)
+    if previous is None or previous == current:
+        return
+    before = [line for line in previous.splitlines() if line and not line.startswith("#")]
+    after = [line for line in current.splitlines() if line and not line.startswith("#")]
+    removed = [line for line in before if line not in after]
+    added = [line for line in after if line not in before]
+    change = f"now `{added[0]}`" if added else f"no longer `{removed[0]}`" if removed else "order or comments"
+    if added and removed:
+        change += f", was `{removed[0]}`"
+    raise ConfigError(
+        f"{os.path.join(model_dir, name)} differs from this run's config ({change}); resume with the "
+        "same configuration, pass --allow_config_change, or use a new --model_dir.")
 
 
 @gin.configurable
@@ -79,23 +107,22 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     keras.utils.set_random_seed(seed)
     if deterministic:
         tf.config.experimental.enable_op_determinism()
-    replicator = _gin_call(Replicator, "Replicator")
+    replicator = _gin_call(Replicator)
     keras.mixed_precision.set_global_policy(_precision_for(precision, replicator.target))
-    trainer = _gin_call(Trainer, "Trainer")
+    trainer = _gin_call(Trainer)
     if not isinstance(task, Task):
         raise ConfigError(f"run_experiment.task must be a Task instance (e.g. @ClassificationTask()), got {task!r}.")
-    trainer.prepare(replicator, task, seed, deterministic)
+    # Builds the task's model, optimizer and data: most configurables are called here.
+    _gin_call(lambda: trainer.prepare(replicator, task, seed, deterministic))
 
-    previous = RunFiles.existing_config(model_dir)
-    if previous is not None and previous != config_text and not allow_config_change:
-        raise ConfigError(
-            f"{os.path.join(model_dir, 'config.gin')} differs from this run's config; resume with the "
-            "same gin files and bindings, pass --allow_config_change, or use a new --model_dir.")
+    parsed_config = gin.config_str()
+    if not allow_config_change:
+        _check_config_unchanged(model_dir, config_text, parsed_config)
     out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
     step = trainer.restore(out.checkpoint_dir, out.restore_dir)
     if mode == "eval" and step == 0:
         raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
-    out.start(config_text, step)
+    out.start(config_text, step, parsed_config)
     if step:
         out.progress(f"resuming from step {step} ({out.checkpoint_dir})")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "

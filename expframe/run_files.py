@@ -37,17 +37,22 @@ class RunFiles:
         self._writers = {}
 
     @staticmethod
-    def existing_config(model_dir: str):
-        path = os.path.join(model_dir, "config.gin")
+    def existing_config(model_dir: str, name: str = "config.gin"):
+        """The text of model_dir/name (config.gin or parsed_config.gin), or None."""
+        path = os.path.join(model_dir, name)
         if not os.path.isfile(path):
             return None
         with open(path, encoding="utf-8") as f:
             return f.read()
 
-    def start(self, config_text: str, resumed_step: int) -> None:
-        """Creates the model_dir, writes config.gin, trims metrics past the resumed step."""
+    def start(self, config_text: str, resumed_step: int, parsed_config: str = None) -> None:
+        """Creates the model_dir, writes config.gin (as given) and parsed_config.gin (what
+        it parses to: includes expanded, paths gone; what a resume compares), trims
+        metrics past the resumed step."""
         os.makedirs(self.model_dir, exist_ok=True)
         atomic_write(os.path.join(self.model_dir, "config.gin"), config_text)
+        if parsed_config is not None:
+            atomic_write(os.path.join(self.model_dir, "parsed_config.gin"), parsed_config)
         if os.path.exists(self.metrics_path):
             # A run killed after its last checkpoint logged steps it will now redo.
             with open(self.metrics_path, encoding="utf-8") as f:

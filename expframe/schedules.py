@@ -14,14 +14,23 @@ step (or cosine) decay. With steps s, S = steps_per_epoch, W = warmup_epochs * S
 no update); Goyal et al. start from the unscaled base rate: set it to
 `base_learning_rate` for exactly their schedule.
 
-Example (ResNet-50, batch 1024, 90 epochs):
-    WarmupSchedule.base_learning_rate = 0.1
-    WarmupSchedule.global_batch_size = 1024
-    WarmupSchedule.steps_per_epoch = 1251        # 1,281,167 images / 1024
+One source of truth for the batch. In a run, the task builds its optimizer inside
+`training_run(examples_per_update, examples_per_epoch)`, and a WarmupSchedule built
+there takes `global_batch_size` from the run (`Trainer.global_batch_size`) and
+`steps_per_epoch` = train examples // global batch. Change the trainer's batch and
+the peak rate and the epoch boundaries follow. Binding either value in gin as well
+is allowed only if it agrees with the run (else a ConfigError: exit 2).
+
+Example (ResNet-50, batch 1024 from the trainer, 90 epochs of 1,281,167 images):
+    WarmupSchedule.base_learning_rate = 0.1   # peak 0.1 x 1024 / 256 = 0.4
+    WarmupSchedule.warmup_epochs = 5
     SGD.learning_rate = @WarmupSchedule()
+Outside a run, give both: `WarmupSchedule(global_batch_size=1024, steps_per_epoch=1251)`.
 """
 
-from typing import Sequence
+import contextlib
+import contextvars
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
 import gin
 import keras
@@ -32,6 +41,65 @@ from expframe.errors import ConfigError
 _REFERENCE_BATCH = 256  # Goyal et al.: lr 0.1 per 256 examples.
 
 
+class _Run(NamedTuple):
+    global_batch_size: int
+    examples_per_epoch: Callable[[], Optional[int]]
+
+
+_RUN: contextvars.ContextVar = contextvars.ContextVar("expframe_training_run", default=None)
+
+
+@contextlib.contextmanager
+def training_run(global_batch_size: int,
+                 examples_per_epoch: Union[int, None, Callable[[], Optional[int]]]) -> Iterator[None]:
+    """Schedules built inside take the run's batch and epoch size (see module docstring).
+
+    Args:
+      global_batch_size: examples per optimizer update over all replicas.
+      examples_per_epoch: examples in one pass over the train data, or a function that
+        counts them (called only if a schedule needs it; it may return None: unknown).
+    """
+    count = examples_per_epoch if callable(examples_per_epoch) else (lambda: examples_per_epoch)
+    token = _RUN.set(_Run(global_batch_size, count))
+    try:
+        yield
+    finally:
+        _RUN.reset(token)
+
+
+def _from_run(global_batch_size: Optional[int], steps_per_epoch: Optional[int]):
+    """(global_batch_size, steps_per_epoch): bound values checked against the run's."""
+    run = _RUN.get()
+    if run is None:
+        if global_batch_size is None or steps_per_epoch is None:
+            raise ConfigError(
+                "WarmupSchedule outside a run needs global_batch_size and steps_per_epoch; in a run "
+                "(main.py) both come from the trainer's batch and the train data's size.")
+        return global_batch_size, steps_per_epoch
+    if global_batch_size is not None and global_batch_size != run.global_batch_size:
+        raise ConfigError(
+            f"WarmupSchedule.global_batch_size={global_batch_size!r} but the run's global batch is "
+            f"{run.global_batch_size} (Trainer.global_batch_size): remove the WarmupSchedule binding, "
+            "the schedule takes the trainer's batch.")
+    global_batch_size = run.global_batch_size
+    if steps_per_epoch is not None and not isinstance(steps_per_epoch, int):
+        return global_batch_size, steps_per_epoch  # the range check below names it
+    examples = run.examples_per_epoch()
+    if examples is None:
+        if steps_per_epoch is None:
+            raise ConfigError(
+                "WarmupSchedule: the size of the train data is unknown (its dataset has no known "
+                "cardinality); bind WarmupSchedule.steps_per_epoch.")
+        return global_batch_size, steps_per_epoch
+    derived = max(1, examples // global_batch_size)
+    if steps_per_epoch is not None and steps_per_epoch != derived:
+        raise ConfigError(
+            f"WarmupSchedule.steps_per_epoch={steps_per_epoch!r} but the train data holds {examples:,} "
+            f"examples, {derived} steps of the global batch {global_batch_size}: remove the "
+            "binding, the schedule derives it.")
+    return global_batch_size, derived
+
+
 @gin.configurable
 @keras.saving.register_keras_serializable(package="expframe")
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -39,8 +107,10 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     Args:
       base_learning_rate: learning rate for a batch of 256 examples.
-      global_batch_size: examples per optimizer step over all replicas.
-      steps_per_epoch: optimizer steps per epoch (epochs below are converted with it).
+      global_batch_size: examples per optimizer step over all replicas; None (the
+        default): the run's (`Trainer.global_batch_size`, see `training_run`).
+      steps_per_epoch: optimizer steps per epoch (epochs below are converted with it);
+        None (the default): the run's train examples // global_batch_size.
       warmup_epochs: length of the linear warm-up, in epochs (may be fractional; 0 for none).
       decay: "step" (multiply by `decay_factor` at each of `boundaries_epochs`) or
         "cosine" (half a cosine from the peak to 0 at `total_epochs`).
@@ -52,19 +122,21 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self,
                  base_learning_rate: float = 0.1,
-                 global_batch_size: int = gin.REQUIRED,
-                 steps_per_epoch: int = gin.REQUIRED,
+                 global_batch_size: Optional[int] = None,
+                 steps_per_epoch: Optional[int] = None,
                  warmup_epochs: float = 5,
                  decay: str = "step",
                  boundaries_epochs: Sequence[float] = (30, 60, 80),
                  decay_factor: float = 0.1,
                  total_epochs: float = 90,
                  warmup_initial_learning_rate: float = 0.0):
+        global_batch_size, steps_per_epoch = _from_run(global_batch_size, steps_per_epoch)
         if decay not in ("step", "cosine"):
             raise ConfigError(f"WarmupSchedule.decay={decay!r} must be 'step' or 'cosine'.")
-        if steps_per_epoch < 1 or global_batch_size < 1:
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                   for v in (steps_per_epoch, global_batch_size)):
             raise ConfigError(
-                f"WarmupSchedule needs steps_per_epoch >= 1 and global_batch_size >= 1, got "
+                f"WarmupSchedule needs integers steps_per_epoch >= 1 and global_batch_size >= 1, got "
                 f"steps_per_epoch={steps_per_epoch!r}, global_batch_size={global_batch_size!r}.")
         boundaries_epochs = tuple(boundaries_epochs)
         if list(boundaries_epochs) != sorted(boundaries_epochs):

@@ -5,10 +5,14 @@ import json
 import os
 import signal
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from expframe import config, experiment
+from expframe.errors import ConfigError
+from expframe.run_files import RunFiles
 from tests import main_runner as mr
 
 QUICKSTART = "experiments/quickstart.gin"
@@ -111,7 +115,8 @@ def test_nan_loss_exits_1_and_keeps_the_last_good_checkpoint(data_dir, tmp_path)
     done = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
     assert done.returncode == 1, done.stdout + done.stderr
     lines = [l for l in done.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1 and "loss is nan" in lines[0].lower() or "loss is inf" in lines[0].lower(), done.stderr
+    assert len(lines) == 1, done.stderr
+    assert "loss is nan" in lines[0].lower() or "loss is inf" in lines[0].lower(), done.stderr
     failed_at = int(lines[0].split("at step ")[1].split(";")[0])
     good = _latest_step(model_dir)
     assert good == failed_at - 1
@@ -134,12 +139,35 @@ BAD_INPUTS = [
 ]
 
 
+# Configuration errors found while the task builds its model, optimizer and data, and
+# bad flags: (what, gin file lines to drop, bindings, flags, the error line's text).
+BAD_BUILDS = [
+    ("task and dataset bindings missing", ("ClassificationTask.model", "ClassificationTask.dataset"), [], [],
+     "error: missing binding(s) ClassificationTask.model, ClassificationTask.dataset; set them"),
+    ("model binding missing", ("resnet.num_classes",), [], [], "error: missing binding(s) resnet.num_classes; set"),
+    ("schedule bindings missing", (), ["Adam.learning_rate = @keras.optimizers.schedules.PiecewiseConstantDecay()"],
+     [], "error: missing binding(s) PiecewiseConstantDecay.boundaries, PiecewiseConstantDecay.values; set"),
+    ("wrong type in a model binding", (), ["resnet.depth = 8.0"], [],
+     "error: resnet: 'float' object cannot be interpreted as an integer (bound: depth=8.0"),
+    ("invalid flag value", (), [], ["--mode=evaluate"],
+     "error: flag --mode=evaluate: value should be one of <train|eval|train_and_eval>"),
+    ("unknown flag", (), [], ["--modle=train"], "error: Unknown command line flag 'modle'"),
+]
+
+
 def test_bad_inputs_exit_2_with_one_line_and_write_nothing(data_dir, tmp_path):
     procs = []
     for i, (what, params, _) in enumerate(BAD_INPUTS):
         procs.append(mr.start([QUICKSTART], tmp_path / f"bad{i}", data_dir, mr.SMALL + tuple(params)))
     procs.append(mr.start(["experiments/no_such.gin"], tmp_path / "badfile", data_dir))
     expected = [e for _, _, e in BAD_INPUTS] + ["--gin_file=experiments/no_such.gin: no such file"]
+    with open(os.path.join(mr.ROOT, QUICKSTART), encoding="utf-8") as f:
+        quickstart = f.read().splitlines()
+    for i, (what, drop, params, flags, pattern) in enumerate(BAD_BUILDS):
+        gin_file = tmp_path / f"build{i}.gin"
+        gin_file.write_text("".join(f"{line}\n" for line in quickstart if not (drop and line.startswith(drop))))
+        procs.append(mr.start([str(gin_file)], tmp_path / f"badbuild{i}", data_dir, mr.SMALL + tuple(params), flags))
+        expected.append(pattern)
     for i, (proc, pattern) in enumerate(zip(procs, expected)):
         out, _ = proc.communicate(timeout=300)
         errors = [l for l in out.splitlines() if l.startswith("error:")]
@@ -157,8 +185,40 @@ def test_config_change_refused_on_resume_unless_allowed(data_dir, tmp_path):
     before = sorted(p.name for p in model_dir.iterdir())
     changed = mr.run([QUICKSTART], model_dir, data_dir, params + ("Trainer.train_steps = 4",), extra=["--mode=train"])
     assert changed.returncode == 2 and "differs from this run's config" in changed.stderr
+    assert "(now `Trainer.train_steps = 4`, was `Trainer.train_steps = 2`)" in changed.stderr
     assert sorted(p.name for p in model_dir.iterdir()) == before
+    # The same configuration, spelt differently (path, spacing), resumes.
+    respelt = mr.run(["./" + QUICKSTART], model_dir, data_dir, [p.replace(" = ", "=") for p in params],
+                     extra=["--mode=train"])
+    assert respelt.returncode == 0, respelt.stderr
+    assert "resuming from step 2" in respelt.stdout
     allowed = mr.run([QUICKSTART], model_dir, data_dir, params + ("Trainer.train_steps = 4",),
                      extra=["--mode=train", "--allow_config_change"])
     assert allowed.returncode == 0, allowed.stderr
     assert _latest_step(model_dir) == 4
+
+
+def test_config_change_compares_the_parsed_config(tmp_path, monkeypatch):
+    """What a resume compares is the configuration used: path spellings do not count,
+    an edit inside an included file does (in-process: config.parse + the check)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "experiments" / "targets").mkdir(parents=True)
+    included = tmp_path / "experiments" / "targets" / "steps.gin"
+    included.write_text("Trainer.train_steps = 2\n")
+    (tmp_path / "experiments" / "x.gin").write_text(
+        "include 'experiments/targets/steps.gin'\nTrainer.global_batch_size = 16\n")
+    model_dir = str(tmp_path / "run")
+
+    def check(path, *params):
+        text = config.parse([path], list(params))
+        experiment._check_config_unchanged(model_dir, text, gin.config_str())  # pylint: disable=protected-access
+        return text
+
+    RunFiles(model_dir).start(check("./experiments/x.gin"), 0, gin.config_str())
+    check("experiments/x.gin")
+    check(os.path.join(str(tmp_path), "experiments", "x.gin"), "Trainer.train_steps=2")
+    included.write_text("Trainer.train_steps = 3\n")
+    with pytest.raises(ConfigError, match=r"parsed_config.gin differs from this run's config "
+                                          r"\(now `Trainer.train_steps = 3`, was `Trainer.train_steps = 2`\)"):
+        check("./experiments/x.gin")
+    gin.clear_config()

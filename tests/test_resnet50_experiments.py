@@ -11,6 +11,7 @@ import os
 import gin
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from expframe import config
 from tests import main_runner as mr
@@ -51,9 +52,15 @@ def _parse(path):
     return query
 
 
+def _trainable(reader):
+    names = [n for n in reader.get_variable_to_shape_map() if n.startswith("model/")
+             and not any(stat in n for stat in ("moving_mean", "moving_variance"))]
+    return {n: reader.get_tensor(n) for n in names}
+
+
 def test_fake_experiment_trains_and_evaluates_on_two_cpu_replicas(tmp_path):
     model_dir = tmp_path / "run"
-    done = mr.run([FAKE], model_dir, tmp_path / "tfds", SMALL, timeout=900)
+    done = mr.run([FAKE], model_dir, tmp_path / "tfds", SMALL + ("Trainer.checkpoint_every_steps = 1",), timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((model_dir / "result.json").read_text())
     assert (result["step"], result["target"], result["num_replicas"], result["global_batch_size"]) == (2, "cpu", 2, 4)
@@ -64,7 +71,25 @@ def test_fake_experiment_trains_and_evaluates_on_two_cpu_replicas(tmp_path):
     operative = (model_dir / "operative_config.gin").read_text()
     assert "resnet.depth = 50" in operative and "resnet.num_classes = 1000" in operative
     assert "imagenet_input.use_mock = True" in operative and "Trainer.global_batch_size = 4" in operative
-
+    # The weights moved. The warm-up starts at lr 0, so step 1 leaves them as initialised
+    # and step 2 (lr > 0) must change them: compare the checkpoints of steps 1 and 2.
+    checkpoints = model_dir / "checkpoints"
+    first, last = (tf.train.load_checkpoint(str(checkpoints / f"ckpt-{s}")) for s in (1, 2))
+    iterations = [n for n in last.get_variable_to_shape_map() if n.startswith("optimizer/") and "iterations/" in n]
+    assert iterations and int(last.get_tensor(sorted(iterations)[0])) == 2, iterations
+    before, after = _trainable(first), _trainable(last)
+    assert before.keys() == after.keys() and len(before) == 161, len(before)  # ResNet-50's weights
+    assert all(np.all(np.isfinite(w)) for w in after.values())
+    moved = {n for n in before if np.any(before[n] != after[n])}
+    # What a gradient reaches at the first update must move: the logits (kernel, bias),
+    # the 7x7 stem conv, and the 16 zero-initialised gammas (zero_init_residual) that
+    # close each residual branch (the rest of a branch waits for its gamma to leave 0).
+    logits = {n for n in before if "bias" in n}
+    logits |= {n.replace("bias", "_kernel") for n in logits}
+    stem = {n for n in before if before[n].shape[:2] == (7, 7)}
+    zero_gammas = {n for n in before if "gamma" in n and not before[n].any()}
+    assert len(logits) == 2 and len(stem) == 1 and len(zero_gammas) == 16
+    assert logits | stem | zero_gammas <= moved, sorted((logits | stem | zero_gammas) - moved)
 
 @pytest.mark.parametrize("path", sorted(TARGETS))
 def test_every_variant_parses_and_binds_resnet50(path):
@@ -94,8 +119,11 @@ def test_variant_specific_bindings():
 
 def test_schedule_is_goyal_et_al_at_batch_1024():
     config.parse([BASE], [])
-    from expframe.schedules import WarmupSchedule  # pylint: disable=import-outside-toplevel
-    schedule = WarmupSchedule()
+    from expframe.schedules import WarmupSchedule, training_run  # pylint: disable=import-outside-toplevel
+    # In a run, the task builds the schedule with the trainer's batch and the train split's size.
+    with training_run(gin.query_parameter("Trainer.global_batch_size"), 1_281_167):
+        schedule = WarmupSchedule()
+    assert schedule.global_batch_size == 1024
     assert schedule.steps_per_epoch == STEPS_PER_EPOCH
     lr = lambda epoch: float(schedule(int(epoch * STEPS_PER_EPOCH)))  # noqa: E731
     np.testing.assert_allclose([lr(0), lr(2.5), lr(5), lr(29.99), lr(30), lr(60), lr(80), lr(89.99)],

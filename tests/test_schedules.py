@@ -1,15 +1,22 @@
 """WarmupSchedule against its formula at the points where it changes."""
 
 import math
+import os
 
 import gin
 import keras
 import tensorflow as tf
 
+from expframe import config
 from expframe.errors import ConfigError
-from expframe.schedules import WarmupSchedule
+from expframe.replicator import Replicator
+from expframe.schedules import WarmupSchedule, training_run
+from expframe.tasks.classification import ClassificationTask
+from expframe.trainer import Trainer
 from tests.support import TestCase
 
+FAKE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    "experiments", "resnet50_imagenet_fake.gin")
 S = 100          # steps per epoch
 PEAK = 0.1 * 1024 / 256  # linear scaling rule: 0.4
 
@@ -98,3 +105,60 @@ class WarmupScheduleTest(TestCase):
             WarmupSchedule(global_batch_size=256, steps_per_epoch=1, decay="cosine", warmup_epochs=90)
         with self.assertRaisesRegex(ConfigError, "steps_per_epoch"):
             WarmupSchedule(global_batch_size=256, steps_per_epoch=0)
+
+
+class TrainingRunTest(TestCase):
+    """One source of truth for the batch: in a run, the schedule takes the trainer's."""
+
+    def test_takes_the_batch_and_the_epoch_from_the_run(self):
+        counted = []
+        with training_run(512, lambda: counted.append(1) or 51_234):
+            s = WarmupSchedule(warmup_epochs=1, boundaries_epochs=(2,))
+        self.assertEqual((s.global_batch_size, s.steps_per_epoch), (512, 100))  # 51,234 // 512
+        self.assertEqual(counted, [1])
+        self.assertAllClose(s.peak_learning_rate, 0.1 * 512 / 256)
+        self.assertAllClose(_lr(s, 50), 0.2 / 2)
+        self.assertAllClose(_lr(s, 199), 0.2)
+        self.assertAllClose(_lr(s, 200), 0.02)
+        # Bound values that agree with the run are fine; the data is counted only when needed.
+        with training_run(512, 51_234):
+            self.assertEqual(WarmupSchedule(global_batch_size=512, steps_per_epoch=100).steps_per_epoch, 100)
+        with training_run(512, lambda: None):
+            self.assertEqual(WarmupSchedule(steps_per_epoch=7).steps_per_epoch, 7)
+
+    def test_a_mismatch_with_the_run_is_a_config_error(self):
+        with training_run(8, 64):
+            with self.assertRaisesRegex(ConfigError, r"WarmupSchedule.global_batch_size=1024 but the run's "
+                                                     r"global batch is 8 \(Trainer.global_batch_size\)"):
+                WarmupSchedule(global_batch_size=1024)
+            with self.assertRaisesRegex(ConfigError, r"WarmupSchedule.steps_per_epoch=1251 but the train data "
+                                                     r"holds 64 examples, 8 steps"):
+                WarmupSchedule(steps_per_epoch=1251)
+        with training_run(8, lambda: None):
+            with self.assertRaisesRegex(ConfigError, "bind WarmupSchedule.steps_per_epoch"):
+                WarmupSchedule()
+        with self.assertRaisesRegex(ConfigError, "outside a run needs global_batch_size and steps_per_epoch"):
+            WarmupSchedule(global_batch_size=256)
+
+    def _schedule_built_by_the_task(self, params):
+        """The fake ResNet-50 experiment's schedule, as its task builds it (small model)."""
+        config.parse([FAKE], ["resnet.depth = 8", "resnet.input_shape = (32, 32, 3)"] + params)
+        replicator, trainer, task = Replicator(), Trainer(), ClassificationTask()
+        task.setup(replicator, trainer.global_batch_size, seed=0, deterministic=False)
+        with replicator.scope():
+            task.build()
+        return task.optimizer.optimizer._learning_rate  # pylint: disable=protected-access
+
+    def test_overriding_the_trainer_batch_alone_moves_the_schedule(self):
+        small = self._schedule_built_by_the_task([])  # the fake's Trainer.global_batch_size = 8, 64 examples
+        self.assertIsInstance(small, WarmupSchedule)
+        self.assertEqual((small.global_batch_size, small.steps_per_epoch), (8, 64 // 8))
+        self.assertAllClose(small.peak_learning_rate, 0.1 * 8 / 256)
+        gin.clear_config()
+        large = self._schedule_built_by_the_task(["Trainer.global_batch_size = 16"])
+        self.assertEqual((large.global_batch_size, large.steps_per_epoch), (16, 64 // 16))
+        self.assertAllClose(large.peak_learning_rate, 0.1 * 16 / 256)
+        self.assertAllClose(_lr(large, 5 * 4), 0.1 * 16 / 256)  # warm-up ends after 5 epochs of 4 steps
+        gin.clear_config()
+        with self.assertRaisesRegex(ConfigError, "WarmupSchedule.global_batch_size=1024 but the run's global batch is 8"):
+            self._schedule_built_by_the_task(["WarmupSchedule.global_batch_size = 1024"])

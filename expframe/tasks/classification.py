@@ -7,6 +7,7 @@ import keras
 import tensorflow as tf
 
 import expframe as xf
+from expframe import schedules
 from expframe.tasks.base import Task
 
 
@@ -44,9 +45,19 @@ class ClassificationTask(Task):
     def build(self) -> None:
         self.model = self._model_fn()
         self.num_classes = int(self.model.output_shape[-1])
-        self.optimizer = xf.wrap_optimizer(self._optimizer_fn())
+        # A learning-rate schedule built here takes the run's batch and epoch size
+        # (expframe/schedules.py): the trainer's batch is the one source of truth.
+        with schedules.training_run(self.examples_per_step, self.train_examples):
+            self.optimizer = xf.wrap_optimizer(self._optimizer_fn())
         self.optimizer.build(self.model.trainable_variables)
         self._decayed = [v for v in self.model.trainable_variables if len(v.shape) >= 2]
+
+    def train_examples(self) -> Optional[int]:
+        """Examples in one pass over the train split (None if its size is unknown)."""
+        one_pass = self._dataset_fn(split=self.train_split, ctx=tf.distribute.InputContext(), batch_size=1,
+                                    training=False, seed=self.seed, deterministic=self.deterministic)
+        count = int(one_pass.cardinality())
+        return count if count >= 0 else None
 
     def trackables(self) -> Dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer}
