@@ -7,15 +7,20 @@ The configuration is `experiments/resnet50_imagenet.gin`'s: `imagenet_input` tra
 224x224 float32 images, global batch 1024, the 10,000-example shuffle buffer; the
 examples are TFDS mock data (`imagenet_input.use_mock = True`, random JPEGs with the
 real feature spec), enough of them that the shuffle buffer stays full as on ImageNet.
-One worker, on 1 and 2 CPU replicas. For each, the iterator is advanced a few steps,
+One worker, on 1 and 2 CPU replicas. For each, an iterator is advanced a few steps,
 left a few seconds for its prefetch buffers to fill as they do during training, and
-then checkpointed two ways, side by side:
+then checkpointed; two ways, side by side:
 
   tfdata_state  `tf.train.Checkpoint(data=<plain tf.data iterator>)`: the full tf.data
                 iterator state, which is what expframe wrote before issue 9: the shuffle
                 buffer (10,000 encoded JPEGs) and every prefetched batch (decoded
                 float32 images) go into it. Measured on `legacy_input_fn`, the train
                 pipeline as it was (a shuffle buffer of JPEG bytes).
+  position      `tf.train.Checkpoint(data=<DistributedIterator>.position)`: what expframe
+                writes now (issue 9): global batches and examples consumed and the
+                replica count, three int64. Measured on `imagenet_input` as it is (an
+                index-based order: the pipeline restarts at the consumed example). It
+                is in the chief's checkpoint only; other workers write nothing.
 
 Mock JPEGs are tiny (a few dozen pixels a side, ~1.7 kB); ImageNet's train JPEGs average
 ~110 kB (1,281,167 images in the 147.9 GB ILSVRC2012_img_train.tar). The shuffle
@@ -83,6 +88,22 @@ def legacy_input_fn(config):
     return input_fn
 
 
+def current_input_fn(config):
+    """`imagenet_input` as ClassificationTask calls it under resnet50_imagenet.gin (mock data)."""
+    def input_fn(ctx):
+        return imagenet.imagenet_input(
+            "train", ctx, batch_size=ctx.get_per_replica_batch_size(config["global_batch"]), training=True,
+            seed=0, image_size=config["image_size"], shuffle_buffer_size=config["shuffle_buffer"],
+            use_mock=True, mock_num_examples=config["mock_examples"])
+    return input_fn
+
+
+def advance(rep, iterator, steps: int, settle_s: float) -> None:
+    for _ in range(steps):
+        tf.nest.map_structure(lambda t: t.numpy(), rep.local_results(iterator.get_next()))
+    time.sleep(settle_s)  # the prefetch buffers refill while a step would run
+
+
 def checkpoint_bytes(trackable, directory: str, name: str) -> int:
     prefix = tf.train.Checkpoint(data=trackable).write(os.path.join(directory, name))
     return sum(os.path.getsize(p) for p in glob.glob(prefix + ".*"))
@@ -90,14 +111,15 @@ def checkpoint_bytes(trackable, directory: str, name: str) -> int:
 
 def measure(num_replicas: int, config: dict, workdir: str) -> dict:
     rep = expframe.Replicator("cpu", num_replicas=num_replicas)
-    dist = rep.distribute(legacy_input_fn(config), config["global_batch"])
-    iterator = iter(dist)
     started = time.time()
-    for _ in range(config["steps"]):
-        batch = iterator.get_next()
-        tf.nest.map_structure(lambda t: t.numpy(), rep.local_results(batch))
-    time.sleep(config["settle_s"])  # the prefetch buffers refill while a step would run
-    tfdata = checkpoint_bytes(iterator.iterator, workdir, f"tfdata-{num_replicas}")
+    legacy = iter(rep.distribute(legacy_input_fn(config), config["global_batch"]))
+    advance(rep, legacy, config["steps"], config["settle_s"])
+    tfdata = checkpoint_bytes(legacy.iterator, workdir, f"tfdata-{num_replicas}")
+    del legacy
+    current = iter(rep.distribute(current_input_fn(config), config["global_batch"]))
+    advance(rep, current, config["steps"], config["settle_s"])
+    assert current.index_based and current.position.values()[1] == config["steps"] * config["global_batch"]
+    position = checkpoint_bytes(current.position, workdir, f"position-{num_replicas}")
     images, _ = imagenet._mock_arrays("train", config["mock_examples"], None)
     mean_jpeg = float(np.mean([len(i) for i in images]))
     buffer_mock = config["shuffle_buffer"] * mean_jpeg
@@ -108,6 +130,8 @@ def measure(num_replicas: int, config: dict, workdir: str) -> dict:
             "tfdata_state_decoded_batches_held": round((tfdata - buffer_mock) / decoded_batch, 2),
             "mock_mean_jpeg_bytes": round(mean_jpeg, 1),
             "tfdata_state_bytes_imagenet_jpegs": int(extrapolated),
+            "position_bytes": position,
+            "ratio_tfdata_over_position": round(tfdata / position),
             "seconds": round(time.time() - started, 1)}
 
 
@@ -127,9 +151,11 @@ def main():
         for n in (1, 2):
             rows.append(measure(n, config, workdir))
             r = rows[-1]
-            print(f"{n} replica(s), 1 worker: tf.data state {r['tfdata_state_bytes'] / 1e6:,.1f} MB "
+            print(f"{n} replica(s), 1 worker: before (tf.data state) {r['tfdata_state_bytes'] / 1e6:,.1f} MB "
                   f"(with ImageNet-sized JPEGs: {r['tfdata_state_bytes_imagenet_jpegs'] / 1e6:,.1f} MB; "
-                  f"{r['tfdata_state_decoded_batches_held']} decoded global batches held)", flush=True)
+                  f"{r['tfdata_state_decoded_batches_held']} decoded global batches held); "
+                  f"now (position) {r['position_bytes']:,} bytes: {r['ratio_tfdata_over_position']:,}x smaller",
+                  flush=True)
     out = {"benchmark": "data_checkpoint_size", "cpu": cpu_name(), "config": config,
            "imagenet_mean_jpeg_bytes": round(IMAGENET_MEAN_JPEG), "rows": rows}
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
