@@ -12,7 +12,7 @@ default MirroredStrategy instead), and trains it on one synthetic in-memory batc
 (`from_tensors(batch).repeat()`) with SGD + momentum:
 
   expframe     `ClassificationTask` + `Replicator('cpu', n)` + `Trainer`, timing one
-               `trainer._train_loop(iterator, k)` host call (k steps in one tf.function).
+               `trainer.run_train_steps(k)` host call (k steps in one tf.function).
   handwritten  one tf.function running `strategy.run(step)` k times in `tf.range`;
                gradients / replicas into the plain Keras optimizer (which sums over
                replicas); benchmarks/handwritten.py.
@@ -125,7 +125,7 @@ class ExpframeRunner:
 
     def __call__(self):
         t, start = self.trainer, time.perf_counter()
-        loss = float(t._train_loop(t.train_iterator, tf.constant(self.steps, tf.int32))["loss"])  # pylint: disable=protected-access
+        loss = t.run_train_steps(self.steps)["loss"]
         return loss, time.perf_counter() - start
 
 

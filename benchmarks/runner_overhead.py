@@ -10,9 +10,9 @@ disk, no preprocessing), the same global batch, the same optimizer (SGD, momentu
 same logical CPU devices:
 
   expframe     `ClassificationTask` + `Replicator('cpu', n)` + `Trainer`, prepared as
-               `main.py` does, timing `trainer._train_loop(trainer.train_iterator,
-               steps_per_loop)` and reading its metrics back (what `Trainer.train`
-               does per host call, minus logging and checkpoints).
+               `main.py` does, timing `trainer.run_train_steps(steps_per_loop)`, which
+               reads its metrics back (what `Trainer.train` does per host call, minus
+               logging and checkpoints).
   handwritten  the tf.distribute guide's minimal custom loop (benchmarks/handwritten.py)
                on the Replicator's strategy (`--baseline_strategy tf_default`: on
                `MirroredStrategy(devices)` with TensorFlow's defaults).
@@ -89,8 +89,7 @@ class ExpframeRunner:
         self.trainer.prepare(replicator, task, seed=0, deterministic=False)
 
     def call(self, steps: int) -> float:
-        metrics = self.trainer._train_loop(self.trainer.train_iterator, tf.constant(steps, tf.int32))  # pylint: disable=protected-access
-        return float(metrics["loss"])  # Trainer.train reads every metric back; so do we.
+        return self.trainer.run_train_steps(steps)["loss"]  # the host call of Trainer.train
 
 
 class HandwrittenRunner:

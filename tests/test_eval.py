@@ -56,7 +56,7 @@ class ExactEvalTest(support.TestCase):
     def test_full_pass_counts_every_example_once(self, target, n):
         del target
         trainer, task = self._trainer(n)  # 37 examples, global batch 8: 4 full + 5 padded
-        metrics = trainer.evaluate_by_steps()
+        metrics = trainer.evaluator.evaluate_by_steps()
         want = _expected(task.model)
         for key in ("loss", "top1", "top5"):
             self.assertAllClose(metrics[key], want[key], rtol=1e-5, msg=key)
@@ -65,14 +65,14 @@ class ExactEvalTest(support.TestCase):
 
     def test_second_evaluation_reuses_the_traced_step(self):
         trainer, _ = self._trainer(2)
-        first = trainer.evaluate_by_steps()
-        traces = trainer._eval_step.experimental_get_tracing_count()  # pylint: disable=protected-access
-        self.assertEqual(trainer.evaluate_by_steps(), first)
-        self.assertEqual(trainer._eval_step.experimental_get_tracing_count(), traces)  # pylint: disable=protected-access
+        first = trainer.evaluator.evaluate_by_steps()
+        traces = trainer.evaluator._eval_step.experimental_get_tracing_count()  # pylint: disable=protected-access
+        self.assertEqual(trainer.evaluator.evaluate_by_steps(), first)
+        self.assertEqual(trainer.evaluator._eval_step.experimental_get_tracing_count(), traces)  # pylint: disable=protected-access
 
     def test_eval_steps_cycles_full_batches(self):
         trainer, task = self._trainer(2, eval_steps=10, global_batch=4)
-        metrics = trainer.evaluate_by_steps()  # 40 examples: the 37, then the first 3 again
+        metrics = trainer.evaluator.evaluate_by_steps()  # 40 examples: the 37, then the first 3 again
         images, labels = _arrays("test")
         idx = np.arange(40) % NUM_EVAL
         logits = task.model(images[idx]).numpy()
@@ -85,7 +85,7 @@ class ExactEvalTest(support.TestCase):
 
         trainer, _ = self._trainer(2, task_cls=Unmasked)
         with self.assertRaisesRegex(xf.RunError, r"count=40.0 for 37 real examples.*batch\['mask'\]"):
-            trainer.evaluate_by_steps()
+            trainer.evaluator.evaluate_by_steps()
 
 
 class MaskedBatchesTest(tf.test.TestCase):

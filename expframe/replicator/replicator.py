@@ -4,7 +4,7 @@ import contextlib
 import json
 import os
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import gin
 import tensorflow as tf
@@ -203,6 +203,41 @@ class Replicator:
             self._agree_fn = tf.function(lambda v, fn: self.strategy.run(fn, args=(v,)))
         fn = _AGREE_FNS[op]
         return float(self.local_results(self._agree_fn(tf.constant(float(value)), fn))[0])
+
+    def run_steps(self, step_fn: Callable[..., Any], iterator, num_steps: int) -> Dict[str, float]:
+        """Runs `num_steps` steps of `step_fn(next(iterator))` on every target, and waits.
+
+        The one way to run many steps, whatever the target. Synchronous targets: one
+        tf.function call in which the replicas loop over the steps (`iterator` from
+        `iter(Replicator.distribute(...))`). 'parameter_server': the steps are spread
+        over the workers, each running its share in one call (`iterator` from
+        `per_worker_iterator`).
+
+        Args:
+          step_fn: a step that returns a dict of per-replica scalars.
+          iterator: the input, as above.
+          num_steps: steps to run (>= 1).
+
+        Returns:
+          The step's outputs as Python floats, averaged over replicas and steps.
+        """
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"Replicator.run_steps num_steps={num_steps!r} must be a positive integer.")
+        if self.coordinator is not None:
+            workers = self.num_workers
+            shares = [num_steps // workers + (1 if i < num_steps % workers else 0) for i in range(workers)]
+            remote = [(n, self.schedule_steps(step_fn, iterator, n)) for n in shares if n]
+            self.join()
+            fetched = [(n, self.fetch(r)) for n, r in remote]
+            return {k: sum(n * float(m[k]) for n, m in fetched) / num_steps for k in fetched[0][1]}
+        if not hasattr(self, "_step_loops"):
+            self._step_loops = {}
+        loop = self._step_loops.get(step_fn)
+        if loop is None:
+            def host_call(it, n):
+                return mean_over_steps(lambda: self.reduce(self.run(step_fn, next(it)), "mean"), n)
+            loop = self._step_loops[step_fn] = tf.function(host_call)
+        return {k: float(v) for k, v in loop(iterator, tf.constant(num_steps, tf.int32)).items()}
 
     def schedule_steps(self, step_fn: Callable[..., Any], per_worker_iterator, num_steps: int) -> Any:
         """parameter_server: schedules `num_steps` steps of `step_fn(next(iterator))` on a free worker.
