@@ -17,18 +17,19 @@ default MirroredStrategy instead), and trains it on one synthetic in-memory batc
                gradients / replicas into the plain Keras optimizer (which sums over
                replicas); benchmarks/handwritten.py.
   keras_fit    `model.compile(..., steps_per_execution=k)` in the strategy's scope,
-               timing `model.fit(dataset, epochs=1, steps_per_epoch=k)` calls (so each call includes fit's own per-call set-up: iterator, callbacks).
+               timing `model.fit(dataset, epochs=1, steps_per_epoch=k)` calls (so each
+               call includes fit's own per-call set-up: iterator, callbacks).
 
 The three are timed interleaved (one call each, in rotating order) and compared by
 median images/s. It also measures the machine's peak matmul rate (a square
-tf.matmul, float32 and bfloat16) and reports model FLOPs utilisation:
+tf.matmul, float32 and bfloat16, 2 n^3 FLOPs per product) and reports model FLOPs
+utilisation as MLPerf and the scaling literature count it, 2 FLOPs per multiply-add:
 
-    MFU = 3 x 4.1 GFLOP x (size / 224)^2 x images/s / peak matmul GFLOP/s
+    MFU = 3 x 2 x 4.1 G x (size / 224)^2 x images/s / peak matmul FLOP/s
 
-(3 x the forward pass: forward + backward. 4.1 G is the usual figure for one 224x224
-forward pass; strictly it counts multiply-adds, so with 2 FLOPs per multiply-add the
-true utilisation is twice this MFU. We keep the issue's convention so that numbers
-compare with reports that use it.)
+ResNet-50's forward pass at 224x224 is about 4.1 G multiply-adds per image (8.2
+GFLOP); training is 3x the forward pass (forward + backward), 24.6 GFLOP per image
+at 224; convolution FLOPs scale with the pixel count, (size / 224)^2.
 
 Cost: each configuration builds and traces three ResNet-50s, about a minute each on
 2 cores, then times them: about 6 minutes per configuration at 224x224 with batch 4
@@ -59,13 +60,14 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import handwritten  # noqa: E402  (benchmarks/handwritten.py)
 from expframe.models.resnet import resnet  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
 
-import handwritten  # noqa: E402  (benchmarks/handwritten.py)
-
-FORWARD_GFLOP_224 = 4.1  # ResNet-50 forward pass at 224x224, per image (the issue's figure)
+FORWARD_GMAC_224 = 4.1  # ResNet-50 forward pass at 224x224: G multiply-adds per image
+FLOPS_PER_MAC = 2       # one multiply + one add, as MLPerf and the matmul peak count them
+TRAIN_OVER_FORWARD = 3  # forward + backward (gradients of activations and of weights)
 NUM_CLASSES = 1000
 LEARNING_RATE, MOMENTUM = 0.1, 0.9
 RUNNERS = ("expframe", "handwritten", "keras_fit")
@@ -189,7 +191,7 @@ def measure(size, num_replicas, precision, global_batch, steps, repeats, strateg
     keras.mixed_precision.set_global_policy(precision)
     try:
         runners, build_s, first_s = {}, {}, {}
-        for name, cls in zip(RUNNERS, (ExpframeRunner, HandwrittenRunner, KerasFitRunner)):
+        for name, cls in zip(RUNNERS, (ExpframeRunner, HandwrittenRunner, KerasFitRunner), strict=True):
             start = time.perf_counter()
             runners[name] = cls(size, num_replicas, global_batch, steps, strategy_kind)
             build_s[name] = time.perf_counter() - start
@@ -218,20 +220,35 @@ def measure(size, num_replicas, precision, global_batch, steps, repeats, strateg
         row[f"expframe_over_{name}"] = row["expframe"]["images_per_sec"] / row[name]["images_per_sec"]
         # Paired per-repeat ratios are steadier on a shared machine.
         row[f"expframe_over_{name}_paired"] = statistics.median(
-            [o / e for e, o in zip(times["expframe"], times[name])])
+            [o / e for e, o in zip(times["expframe"], times[name], strict=True)])
     del runners
     gc.collect()
     return row
 
 
+def train_gflop_per_image(size: int) -> float:
+    """FLOPs of one training step per image, in G: 3 x 2 x 4.1 G x (size / 224)^2 (24.6 at 224)."""
+    return TRAIN_OVER_FORWARD * FLOPS_PER_MAC * FORWARD_GMAC_224 * (size / 224) ** 2
+
+
 def mfu(images_per_sec: float, size: int, peak_gflops: float) -> float:
-    train_gflop_per_image = 3 * FORWARD_GFLOP_224 * (size / 224) ** 2
-    return train_gflop_per_image * images_per_sec / peak_gflops
+    """Model FLOPs utilisation: the model's FLOPs per second over the peak matmul FLOPs per second."""
+    return train_gflop_per_image(size) * images_per_sec / peak_gflops
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or "unknown"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 configurations, batch 4, 1 step per call (~12 minutes on 2 cores)")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 configurations, batch 4, 1 step per call (~12 minutes on 2 cores)")
     parser.add_argument("--sizes", type=int, nargs="+", default=None)
     parser.add_argument("--replicas", type=int, nargs="+", default=None)
     parser.add_argument("--precisions", nargs="+", default=None)
@@ -251,6 +268,8 @@ def main():
     cfg = {k: (getattr(args, k, None) or v) for k, v in defaults.items()}
 
     started = time.perf_counter()
+    print(f"{cpu_name()}, {os.cpu_count()} CPUs; MFU counts {train_gflop_per_image(224):.1f} GFLOP per "
+          f"224x224 training image (3 x 2 x {FORWARD_GMAC_224} G multiply-adds)", flush=True)
     peak = peak_matmul_gflops(cfg["matmul_n"], repeats=5)
     print(f"peak matmul ({cfg['matmul_n']}^2): float32 {peak['float32']:.1f} GFLOP/s, "
           f"bfloat16 {peak['bfloat16']:.1f} GFLOP/s", flush=True)
@@ -275,9 +294,10 @@ def main():
                 # After every configuration: a long run stopped early keeps what it measured.
                 result = {"benchmark": "resnet50_throughput", "quick": args.quick, "config": cfg,
                           "baseline_strategy": args.baseline_strategy,
-                          "peak_matmul_gflops": peak, "forward_gflop_per_image_224": FORWARD_GFLOP_224,
+                          "peak_matmul_gflops": peak, "forward_gmac_per_image_224": FORWARD_GMAC_224,
+                          "flops_per_mac": FLOPS_PER_MAC, "train_gflop_per_image_224": train_gflop_per_image(224),
                           "tensorflow": tf.__version__, "keras": keras.__version__,
-                          "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                          "machine": {"platform": platform.platform(), "cpu": cpu_name(), "cpus": os.cpu_count()},
                           "wall_s": time.perf_counter() - started, "results": rows}
                 _write_json(args.out, result)
     print(f"wrote {args.out} ({time.perf_counter() - started:.0f} s)")

@@ -83,7 +83,9 @@ def test_sigkill_and_resume_equals_uninterrupted(data_dir, tmp_path):
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
-    timeless = lambda rows: [{k: v for k, v in r.items() if k != "examples_per_sec"} for r in rows]
+    def timeless(rows):
+        return [{k: v for k, v in r.items() if k != "examples_per_sec"} for r in rows]
+
     assert timeless(mr.metrics(killed_dir)) == timeless(mr.metrics(tmp_path / "straight"))
     assert len(mr.metrics(killed_dir, "train")) == 12
 
@@ -111,10 +113,11 @@ def test_nan_loss_exits_1_and_keeps_the_last_good_checkpoint(data_dir, tmp_path)
     model_dir = tmp_path / "run"
     params = mr.SMALL + ("ClassificationTask.optimizer = @keras.optimizers.SGD",
                          "keras.optimizers.SGD.learning_rate = 1e30", "Trainer.train_steps = 50",
-                         "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1", "Trainer.checkpoint_every_steps = 1")
+                         "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
+                         "Trainer.checkpoint_every_steps = 1")
     done = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
     assert done.returncode == 1, done.stdout + done.stderr
-    lines = [l for l in done.stderr.splitlines() if l.startswith("error:")]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, done.stderr
     assert "loss is nan" in lines[0].lower() or "loss is inf" in lines[0].lower(), done.stderr
     failed_at = int(lines[0].split("at step ")[1].split(";")[0])
@@ -127,9 +130,11 @@ def test_nan_loss_exits_1_and_keeps_the_last_good_checkpoint(data_dir, tmp_path)
 
 BAD_INPUTS = [
     ("misspelt configurable", ["Trainr.train_steps = 5"], "unknown configurable 'Trainr'; did you mean 'Trainer'"),
-    ("misspelt parameter", ["Trainer.train_step = 5"], "'Trainer' has no parameter 'train_step'; did you mean 'train_steps'"),
+    ("misspelt parameter", ["Trainer.train_step = 5"],
+     "'Trainer' has no parameter 'train_step'; did you mean 'train_steps'"),
     ("wrong type", ["Trainer.train_steps = 'many'"], "Trainer.train_steps='many' must be a positive integer"),
-    ("batch not divisible", ["Trainer.global_batch_size = 15"], "Trainer.global_batch_size=15 is not divisible by the 2 replicas"),
+    ("batch not divisible", ["Trainer.global_batch_size = 15"],
+     "Trainer.global_batch_size=15 is not divisible by the 2 replicas"),
     ("unknown target", ["Replicator.target = 'tpuv9'"], "Replicator.target='tpuv9' is not a known target"),
     ("gpu without a gpu", ["Replicator.target = 'gpu'"], "target='gpu' but TensorFlow sees no GPU"),
     ("bad image size", ["shapes_input.image_size = 48"], "shapes_input.image_size=48: use 32 or 64"),
@@ -157,20 +162,20 @@ BAD_BUILDS = [
 
 def test_bad_inputs_exit_2_with_one_line_and_write_nothing(data_dir, tmp_path):
     procs = []
-    for i, (what, params, _) in enumerate(BAD_INPUTS):
+    for i, (_, params, _) in enumerate(BAD_INPUTS):
         procs.append(mr.start([QUICKSTART], tmp_path / f"bad{i}", data_dir, mr.SMALL + tuple(params)))
     procs.append(mr.start(["experiments/no_such.gin"], tmp_path / "badfile", data_dir))
     expected = [e for _, _, e in BAD_INPUTS] + ["--gin_file=experiments/no_such.gin: no such file"]
     with open(os.path.join(mr.ROOT, QUICKSTART), encoding="utf-8") as f:
         quickstart = f.read().splitlines()
-    for i, (what, drop, params, flags, pattern) in enumerate(BAD_BUILDS):
+    for i, (_, drop, params, flags, pattern) in enumerate(BAD_BUILDS):
         gin_file = tmp_path / f"build{i}.gin"
         gin_file.write_text("".join(f"{line}\n" for line in quickstart if not (drop and line.startswith(drop))))
         procs.append(mr.start([str(gin_file)], tmp_path / f"badbuild{i}", data_dir, mr.SMALL + tuple(params), flags))
         expected.append(pattern)
-    for i, (proc, pattern) in enumerate(zip(procs, expected)):
+    for proc, pattern in zip(procs, expected, strict=True):
         out, _ = proc.communicate(timeout=300)
-        errors = [l for l in out.splitlines() if l.startswith("error:")]
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
         assert proc.returncode == 2, (pattern, out[-2000:])
         assert len(errors) == 1 and pattern in errors[0], (pattern, errors, out[-2000:])
         assert "Traceback" not in out

@@ -160,5 +160,6 @@ class TrainingRunTest(TestCase):
         self.assertAllClose(large.peak_learning_rate, 0.1 * 16 / 256)
         self.assertAllClose(_lr(large, 5 * 4), 0.1 * 16 / 256)  # warm-up ends after 5 epochs of 4 steps
         gin.clear_config()
-        with self.assertRaisesRegex(ConfigError, "WarmupSchedule.global_batch_size=1024 but the run's global batch is 8"):
+        with self.assertRaisesRegex(ConfigError,
+                                    "WarmupSchedule.global_batch_size=1024 but the run's global batch is 8"):
             self._schedule_built_by_the_task(["WarmupSchedule.global_batch_size = 1024"])
