@@ -174,3 +174,10 @@ def parse(gin_files: Sequence[str], gin_params: Sequence[str]) -> str:
             raise ConfigError(_explain(e, f"--gin_param={binding!r}")) from None
         given.append(f"# --gin_param\n{binding}\n")
     return "\n".join(given)
+
+
+def bindings_to(name: str) -> list:
+    """The gin bindings (e.g. `resnet.norm`) whose value refers to the configurable
+    `name` (`@name`, `@module.name` or `@name()`): for errors that say what to change."""
+    pattern = re.compile(rf"^(\S+) = @(?:[\w.]+\.)?{re.escape(name)}(?:\(\))?$")
+    return [m.group(1) for m in map(pattern.match, gin.config_str().splitlines()) if m]

@@ -124,7 +124,7 @@ def test_failing_worker_stops_the_others(tmp_path, child_status, launcher_status
     proc, elapsed = _launch(_FAST, ["--workers=2", "--", prog, "exit", str(child_status)])
     assert proc.returncode == launcher_status, proc.stdout + proc.stderr
     assert elapsed < 10
-    lines = [l for l in proc.stderr.splitlines() if l.startswith("expframe.launch:")]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("expframe.launch:")]
     assert len(lines) == 1, proc.stderr
     assert re.match(rf"expframe.launch: worker 1 \(pid \d+\) exited with status {child_status}; "
                     r"stopped the others$", lines[0]), lines[0]

@@ -169,16 +169,80 @@ def _latest_step(model_dir):
 
 # -- cluster layout ----------------------------------------------------------------------
 
-@pytest.mark.timeout(120)
-def test_num_workers_on_a_worker_only_cluster(tmp_path):
+# Prints this process's identity as the Replicator sees it, after an all-reduce that
+# proves the processes formed one cluster.
+_IDENTITY_PROGRAM = textwrap.dedent('''
+    import json, sys
+    import gin
+    import tensorflow as tf
+    import expframe
+    from expframe.replicator import targets
+    gin.bind_parameter("slurm_cluster.port_base", int(sys.argv[1]))
+    rep = expframe.Replicator("multi_worker", num_replicas=2)
+
+    def step():
+        return expframe.all_reduce(tf.cast(expframe.replica_id(), tf.float32) + 1.0, "sum")
+
+    total = tf.function(lambda: rep.run(step))()
+    record = {"index": rep.worker_index, "workers": rep.num_workers, "chief": rep.is_chief,
+              "replicas": rep.num_replicas, "sum": float(rep.local_results(total)[0])}
+    print("IDENTITY " + json.dumps(record), flush=True)
+''')
+
+
+def _consecutive_free_ports(count):
     from expframe import launch  # pylint: disable=import-outside-toplevel
-    port = launch.free_ports("127.0.0.1", 1)[0]
-    config = {"cluster": {"worker": [f"127.0.0.1:{port}"]}, "task": {"type": "worker", "index": 0}}
-    prog = _write(tmp_path, "n.py", "import expframe\nrep = expframe.Replicator('multi_worker')\n"
-                                    "print('WORKERS', rep.num_workers, rep.worker_index, rep.is_chief)\n")
-    done = subprocess.run([sys.executable, prog], cwd=mr.ROOT, capture_output=True, text=True, timeout=110,
-                          env=dict(mr.env(tmp_path), TF_CONFIG=json.dumps(config)))
-    assert "WORKERS 1 0 True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    for _ in range(50):
+        base = launch.free_ports("127.0.0.1", 1)[0]
+        if base + count < 65536 and all(_port_is_free(base + i) for i in range(count)):
+            return base
+    raise AssertionError("no free consecutive ports")
+
+
+def _port_is_free(port):
+    import socket  # pylint: disable=import-outside-toplevel
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("resolver", ["slurm", "tf_config_with_chief"])
+def test_worker_identity_comes_from_the_cluster_resolver(tmp_path, resolver):
+    # Slurm is simulated by its environment alone (SlurmClusterResolver reads SLURM_*;
+    # nothing calls scontrol or nvidia-smi): 2 tasks on one node, 127.0.0.1.
+    prog = _write(tmp_path, "identity.py", _IDENTITY_PROGRAM)
+    base = _consecutive_free_ports(2)
+    envs = []
+    for rank in range(2):
+        env = mr.env(tmp_path)
+        if resolver == "slurm":
+            env.update(SLURM_JOB_ID="1", SLURM_PROCID=str(rank), SLURM_STEP_NUM_TASKS="2",
+                       SLURM_STEP_NODELIST="127.0.0.1", SLURM_STEP_TASKS_PER_NODE="2")
+        else:  # the chief is worker 0, TF_CONFIG's worker 0 is worker 1
+            cluster = {"chief": [f"127.0.0.1:{base}"], "worker": [f"127.0.0.1:{base + 1}"]}
+            env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": ("chief", "worker")[rank],
+                                                                         "index": 0}})
+        envs.append(env)
+    procs = [subprocess.Popen([sys.executable, prog, str(base)], cwd=mr.ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for env in envs]
+    try:
+        outputs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    records = []
+    for rank, out in enumerate(outputs):
+        assert procs[rank].returncode == 0, out[-3000:]
+        assert "Replicator.num_replicas=2 is for the 'cpu' and 'gpu' targets; on 'multi_worker' the cluster " \
+               "decides: 2 replica(s)" in out, out[-3000:]
+        records.append(json.loads(re.search(r"^IDENTITY (.*)$", out, re.M).group(1)))
+    assert records == [{"index": 0, "workers": 2, "chief": True, "replicas": 2, "sum": 3.0},
+                       {"index": 1, "workers": 2, "chief": False, "replicas": 2, "sum": 3.0}], records
 
 
 # -- synchronous training across processes ----------------------------------------------
@@ -250,12 +314,62 @@ def test_each_example_of_an_epoch_is_read_by_exactly_one_worker(data_dir, tmp_pa
     assert sorted(everything) == list(range(512))
 
 
+# -- one binding swaps the hardware --------------------------------------------------------
+
+# The quickstart shrunk to seconds by bindings; its global batch (120), model and
+# Replicator bindings (num_replicas = 2 included) stay as shipped.
+QUICKSTART_SHRUNK = ("shapes_input.num_train = 512", "shapes_input.num_test = 64", "Trainer.train_steps = 2",
+                     "Trainer.steps_per_loop = 2", "Trainer.log_every_steps = 2", "Trainer.eval_every_steps = None",
+                     "Trainer.checkpoint_every_steps = 2")
+
+
+def _readme_command(target, model_dir, params=()):
+    """README's launcher example's program: main.py, the quickstart, the target binding."""
+    return (["main.py", f"--gin_file={QUICKSTART}", f"--gin_param=Replicator.target='{target}'"]
+            + [f"--gin_param={p}" for p in QUICKSTART_SHRUNK + tuple(params)] + [f"--model_dir={model_dir}"])
+
+
+@pytest.mark.timeout(400)
+def test_readme_launcher_example_with_3_workers(data_dir, tmp_path, clusters):
+    model_dir = tmp_path / "run"
+    cluster = clusters(["--workers=3"], _readme_command("multi_worker", model_dir), data_dir)
+    status, out = cluster.wait(timeout=380)
+    assert status == 0, out[-6000:]
+    for i in range(3):  # the quickstart's Replicator.num_replicas = 2 does not get in the way
+        assert (f"[worker {i}] expframe: Replicator.num_replicas=2 is for the 'cpu' and 'gpu' targets; "
+                "on 'multi_worker' the cluster decides: 3 replica(s)") in out, out[-6000:]
+    assert "[worker 0] model_dir" in out and "target 'multi_worker', 3 replica(s), global batch 120" in out
+    result = json.loads((model_dir / "result.json").read_text())
+    assert (result["step"], result["target"], result["num_replicas"], result["global_batch_size"]) == (
+        2, "multi_worker", 3, 120)
+    assert 0.0 <= result["eval"]["top1"] <= 1.0
+    assert all(np.isfinite(r["loss"]) for r in mr.metrics(model_dir, "train"))
+
+
+@pytest.mark.timeout(300)
+def test_quickstart_on_parameter_servers_names_the_norm_binding_to_change(data_dir, tmp_path, clusters):
+    # SyncBatchNorm cannot work asynchronously: refused while the model is built, before
+    # any step is traced, as one line and exit 2, with nothing written.
+    model_dir = tmp_path / "run"
+    cluster = clusters(["--workers=1", "--ps=1"], _readme_command("parameter_server", model_dir), data_dir)
+    status, out = cluster.wait(timeout=280)
+    assert status == 2, out[-6000:]
+    errors = [line for line in out.splitlines() if line.startswith("[chief] error:")]
+    assert errors == ["[chief] error: SyncBatchNorm cannot synchronise under Replicator.target='parameter_server' "
+                      "(workers step asynchronously: there is no global batch); use resnet.norm = "
+                      "@BatchNormalization (per-worker statistics) for that target."], out[-6000:]
+    assert "Traceback" not in out and "StagingError" not in out, out[-6000:]
+    assert re.search(r"expframe.launch: chief \(pid \d+\) exited with status 2", out), out[-3000:]
+    assert not model_dir.exists() or not any(model_dir.iterdir())
+
+
 # -- parameter servers --------------------------------------------------------------------
 
 @pytest.mark.timeout(420)
 def test_parameter_server_trains(data_dir, tmp_path, clusters):
     model_dir = tmp_path / "ps"
-    params = mr.SMALL + ("Replicator.target = 'parameter_server'", "Replicator.num_replicas = None",
+    # The target and the norm layer: the two bindings the quickstart needs for this target.
+    params = mr.SMALL + ("Replicator.target = 'parameter_server'",
                          "resnet.norm = @BatchNormalization", "Trainer.train_steps = 400",
                          "Trainer.global_batch_size = 32",
                          "Trainer.steps_per_loop = 20", "Trainer.log_every_steps = 20",
@@ -357,7 +471,7 @@ def test_bad_tf_config_is_a_configuration_error(data_dir, tmp_path):
     done = subprocess.run(args, cwd=mr.ROOT, env=dict(mr.env(data_dir), TF_CONFIG="not json"),
                           capture_output=True, text=True, timeout=170)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    errors = [l for l in done.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "TF_CONFIG is not a valid cluster description" in errors[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert not model_dir.exists() or not any(model_dir.iterdir())

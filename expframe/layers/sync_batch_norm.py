@@ -23,6 +23,16 @@ through the gather (its gradient sums the upstream gradients over replicas and
 returns each replica its slice), so d loss / d x is exact. On CPU replicas the
 gather is each replica's own collective op (expframe/replicator/collectives.py),
 which keeps tracing the backward pass of a 53-BN-layer ResNet-50 linear in depth.
+
+The moving statistics follow the global batch, so they are the same on every
+replica: they are created under `identical_updates()`, which tells
+`Replicator.scope()` not to average their updates over replicas (it does so for
+plain `keras.layers.BatchNormalization`, whose statistics differ per replica).
+
+This layer overrides Keras' private `BatchNormalization._moments` and reads
+`_reduction_axes`; importing the module checks that Keras still has and uses them
+(expframe/replicator/keras_hooks.py). Under parameter servers there is no global
+batch: the layer refuses to be built there, naming the gin binding to change.
 """
 
 from typing import Optional
@@ -31,7 +41,34 @@ import keras
 import tensorflow as tf
 
 from expframe.errors import ConfigError
-from expframe.replicator import collectives
+from expframe.replicator import collectives, keras_hooks
+from expframe.replicator.replicator import identical_updates
+
+
+def check_keras_hooks() -> None:
+    """Fails at import on a Keras whose batch norm no longer computes its moments
+    through the hook this layer overrides (see keras_hooks.py)."""
+    silent = "SyncBatchNorm would silently normalise with per-replica moments"
+    keras_hooks.require_hook(keras.layers.BatchNormalization, "_moments", "SyncBatchNorm", silent,
+                             called_by="call")
+    keras_hooks.require_hook(keras.layers.BatchNormalization, "_reduction_axes", "SyncBatchNorm",
+                             "SyncBatchNorm cannot find the axes to take moments over", set_by="build")
+
+
+check_keras_hooks()
+
+
+def _refuse_asynchronous() -> None:
+    """ConfigError when created for a parameter-server strategy: before any step is traced."""
+    if not isinstance(tf.distribute.get_strategy(), tf.distribute.experimental.ParameterServerStrategy):
+        return
+    from expframe import config  # pylint: disable=import-outside-toplevel
+    bindings = config.bindings_to("SyncBatchNorm")
+    fix = (" or ".join(f"{b} = @BatchNormalization" for b in bindings) if bindings
+           else "keras.layers.BatchNormalization instead")
+    raise ConfigError(
+        "SyncBatchNorm cannot synchronise under Replicator.target='parameter_server' (workers step "
+        f"asynchronously: there is no global batch); use {fix} (per-worker statistics) for that target.")
 
 
 def _local_moments(x, axes, mask):
@@ -82,6 +119,7 @@ class SyncBatchNorm(keras.layers.BatchNormalization):
     """
 
     def __init__(self, *args, group_size: Optional[int] = None, **kwargs):
+        _refuse_asynchronous()
         kwargs.pop("synchronized", None)
         super().__init__(*args, **kwargs)
         if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
@@ -106,7 +144,9 @@ class SyncBatchNorm(keras.layers.BatchNormalization):
         if group is None or group >= n:
             return whole, whole
         g = collectives.replica_id() // group
-        pick = lambda t: tf.reshape(t, [n // group, group, -1])[g]
+        def pick(t):
+            return tf.reshape(t, [n // group, group, -1])[g]
+
         return merge_moments(pick(counts), pick(means), pick(m2s)), whole
 
     def build(self, input_shape):
@@ -115,7 +155,8 @@ class SyncBatchNorm(keras.layers.BatchNormalization):
             raise ConfigError(
                 f"SyncBatchNorm group_size={self.group_size} does not divide the {n} replicas; "
                 f"use a divisor of {n}.")
-        super().build(input_shape)
+        with identical_updates():
+            super().build(input_shape)
 
     def _moments(self, inputs, mask):
         collectives.require_synchronous("SyncBatchNorm")

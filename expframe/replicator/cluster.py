@@ -11,7 +11,7 @@ HEARTBEAT_ENV = "EXPFRAME_HEARTBEAT_TIMEOUT_S"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 
 
-def configure_fault_detection(timeout_s: Optional[float] = None) -> bool:
+def configure_fault_detection(timeout_s: Optional[float] = None, cluster_def: Optional[dict] = None) -> bool:
     """Sets the coordination service's heartbeat timeout for this process's cluster.
 
     TensorFlow's multi-worker strategies run a coordination service (on worker 0, the
@@ -24,23 +24,24 @@ def configure_fault_detection(timeout_s: Optional[float] = None) -> bool:
     the strategy and before any TensorFlow op runs, sets our timeout instead.
 
     The config mirrors what the strategies would build (service leader, coordinated
-    jobs), plus the timeout. It reads `TF_CONFIG` for the cluster and is a no-op
-    without one, or with a timeout <= 0.
+    jobs), plus the timeout. It is a no-op without a cluster, or with a timeout <= 0.
 
     Args:
       timeout_s: heartbeat timeout in seconds; default `$EXPFRAME_HEARTBEAT_TIMEOUT_S`,
         else 5.
+      cluster_def: the cluster as {job: [addresses]} (from the cluster resolver);
+        default the cluster in `TF_CONFIG`.
 
     Returns:
       True if the coordination service was configured here.
     """
     if timeout_s is None:
         timeout_s = float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_TIMEOUT_S))
-    raw = os.environ.get("TF_CONFIG")
-    if not raw or timeout_s <= 0:
-        return False
-    cluster = json.loads(raw).get("cluster") or {}
-    if not cluster:
+    if cluster_def is None:
+        raw = os.environ.get("TF_CONFIG")
+        cluster_def = (json.loads(raw).get("cluster") or {}) if raw else {}
+    cluster = {job: list(tasks) for job, tasks in cluster_def.items()}
+    if not cluster or timeout_s <= 0:
         return False
     # pylint: disable=g-import-not-at-top
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2

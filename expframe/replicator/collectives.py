@@ -31,7 +31,6 @@ import weakref
 from typing import Any
 
 import tensorflow as tf
-
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import gen_collective_ops
 
@@ -150,7 +149,7 @@ def _reduce_batch(ctx, reduce_op, batch):
         if reduce_op == tf.distribute.ReduceOp.MEAN:
             out[i] = out[i] / tf.cast(group[0], t.dtype)
     if theirs:
-        for i, r in zip(theirs, ctx.all_reduce(reduce_op, [batch[i] for i in theirs])):
+        for i, r in zip(theirs, ctx.all_reduce(reduce_op, [batch[i] for i in theirs]), strict=True):
             out[i] = r
     return out
 
@@ -172,7 +171,7 @@ def _gather(ctx, tensors, axis):
         placed = tf.tensor_scatter_nd_update(rows, [[group[2]]], t[tf.newaxis])
         out[i] = tf.concat(tf.unstack(_own_sum(placed, group), num=n), axis=axis)
     if theirs:
-        for i, g in zip(theirs, ctx.all_gather([tensors[i] for i in theirs], axis=axis)):
+        for i, g in zip(theirs, ctx.all_gather([tensors[i] for i in theirs], axis=axis), strict=True):
             out[i] = g
     return out
 
@@ -196,11 +195,11 @@ def _pack_reduce(ctx, reduce_op, tensors):
         if packed:
             batch.append(tf.concat([tf.reshape(tensors[i], [-1]) for i in small], axis=0))
         reduced = _reduce_batch(ctx, reduce_op, batch)
-        for i, r in zip(singles, reduced):
+        for i, r in zip(singles, reduced, strict=False):  # reduced ends with the packed buffer
             out[i] = r
         if packed:
             sizes = [tensors[i].shape.num_elements() for i in small]
-            for i, piece in zip(small, tf.split(reduced[-1], sizes)):
+            for i, piece in zip(small, tf.split(reduced[-1], sizes), strict=True):
                 out[i] = tf.reshape(piece, tensors[i].shape)
     return out
 
@@ -250,7 +249,7 @@ def broadcast(x: Any, source: int = 0) -> Any:
             t = tf.cast(t, tf.int32)
         masked.append(tf.where(is_source, t, tf.zeros_like(t)))
     summed = _pack_reduce(_context(), tf.distribute.ReduceOp.SUM, masked)
-    out = [tf.cast(s, tf.bool) if t.dtype == tf.bool else s for s, t in zip(summed, flat)]
+    out = [tf.cast(s, tf.bool) if t.dtype == tf.bool else s for s, t in zip(summed, flat, strict=True)]
     return tf.nest.pack_sequence_as(x, out)
 
 

@@ -13,12 +13,20 @@ What it fixes (TF 2.21 / Keras 3.15, MirroredStrategy, custom loops):
   * `accumulate_steps=k`: each replica sums its local gradients of k micro-batches in
     sync-on-read accumulators (no communication), then one mean over replicas and
     micro-batches updates the weights: k micro-batches of size b update exactly as
-    one batch of size k*b. The conditional update cannot hold a collective inside a
-    `tf.cond` in replica context, so it runs in cross-replica context right after the
-    step, scheduled through `Replicator.run`.
+    one batch of size k*b. The conditional update (apply on every k-th micro-batch,
+    or skip a non-finite one) lives inside `apply_gradients`: a collective cannot
+    sit inside a `tf.cond` in replica context, so `apply_gradients` steps out to
+    cross-replica context with `merge_call`, decides there once for all replicas,
+    and runs the reduction and the update in each replica from the chosen branch
+    (the pattern of Keras 2's LossScaleOptimizer). It works whoever launches the
+    step: `Replicator.run`, `strategy.run`, one step or a loop of them.
   * `loss_scale`: a fixed float, or "dynamic" (float16): scale the loss with
     `scale_loss`, gradients are unscaled; a non-finite global gradient skips the
-    update and halves the scale, `growth_interval` finite steps double it.
+    update and halves the scale, `growth_interval` finite steps double it. The
+    forward pass of a skipped step has run, so batch-norm moving statistics are
+    updated from it (as with Keras 2's LossScaleOptimizer).
+  * It overrides Keras' private `_all_reduce_sum_gradients`; importing this module
+    checks that Keras still has and calls it (expframe/replicator/keras_hooks.py).
 """
 
 from typing import Iterable, Optional, Union
@@ -28,8 +36,19 @@ import keras
 import tensorflow as tf
 
 from expframe.errors import ConfigError
-from expframe.replicator import collectives
-from expframe.replicator.replicator import defer_after_step
+from expframe.replicator import collectives, keras_hooks
+
+
+def check_keras_hooks() -> None:
+    """Fails at import on a Keras whose optimizer no longer sums gradients through the
+    hook that the wrapper turns off (see keras_hooks.py)."""
+    keras_hooks.require_hook(
+        keras.optimizers.Optimizer, "_all_reduce_sum_gradients", "wrap_optimizer",
+        "Keras would sum the already averaged gradients again over the replicas "
+        "(updates N times too large)", called_by="_backend_update_step")
+
+
+check_keras_hooks()
 
 
 class ReplicatedOptimizer(tf.Module):
@@ -150,14 +169,21 @@ class ReplicatedOptimizer(tf.Module):
             grads = collectives.all_reduce(grads, "mean")
             self._apply(grads, variables)
             return
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None and collectives.num_replicas() > 1:
+            raise RuntimeError("ReplicatedOptimizer.apply_gradients must run inside the replicated "
+                               "step (the step_fn given to Replicator.run or strategy.run).")
         # Each replica adds its share of the global mean (g / N), so that the sum over
         # replicas of the accumulators is the running total of global-mean gradients even
         # if a checkpoint taken mid-accumulation is restored into another replica count.
         share = 1.0 / collectives.num_replicas()
-        for acc, g in zip(self.accumulators, grads):
+        for acc, g in zip(self.accumulators, grads, strict=True):
             acc.assign_add(g * share)
         self.micro_step.assign_add(1)
-        defer_after_step(self._after_step)
+        if ctx is None:  # one replica, cross-replica context: nothing to merge.
+            self._update_in_cross_replica(tf.distribute.get_strategy())
+        else:
+            ctx.merge_call(self._update_in_cross_replica)
 
     def _clip(self, grads):
         if self.clip_global_norm is None:
@@ -166,28 +192,31 @@ class ReplicatedOptimizer(tf.Module):
         return clipped
 
     def _apply(self, grads, variables):
-        self.optimizer.apply_gradients(zip(self._clip(grads), variables))
+        self.optimizer.apply_gradients(zip(self._clip(grads), variables, strict=True))
 
-    def _after_step(self):
-        """Cross-replica: when k micro-batches are in, mean them over replicas and apply."""
-        strategy = self._strategy
+    def _update_in_cross_replica(self, strategy):
+        """Cross-replica (inside merge_call): when k micro-batches are in, mean them over
+        replicas and apply unless non-finite. Every replica holds the same micro-step
+        count and the same reduced finiteness, so the first replica's value decides for
+        all; the branches run in each replica with `call_for_each_replica`."""
         local_step = strategy.experimental_local_results(self.micro_step)[0]
+        for_each_replica = strategy.extended.call_for_each_replica
 
         def reduce_and_apply():
             def reduce_accumulated():
                 summed = collectives.all_reduce([acc.read_value() for acc in self.accumulators], "sum")
-                for acc, g in zip(self.accumulators, summed):
+                for acc, g in zip(self.accumulators, summed, strict=True):
                     acc.assign(g / self.accumulate_steps)
                 if not self.dynamic:
                     return tf.constant(True)
                 return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in summed])
 
-            finite = strategy.experimental_local_results(strategy.run(reduce_accumulated))[0]
+            finite = strategy.experimental_local_results(for_each_replica(reduce_accumulated))[0]
 
             def apply_accumulated():
                 self._apply([acc.read_value() for acc in self.accumulators], self._vars)
 
-            tf.cond(finite, lambda: _run_noop(strategy, apply_accumulated),
+            tf.cond(finite, lambda: _run_noop(for_each_replica, apply_accumulated),
                     lambda: tf.constant(0))
 
             def reset(is_finite):
@@ -196,7 +225,7 @@ class ReplicatedOptimizer(tf.Module):
                 if self.dynamic:
                     self._update_scale(is_finite)
 
-            strategy.run(reset, args=(finite,))
+            for_each_replica(reset, args=(finite,))
             return tf.constant(0)
 
         tf.cond(local_step % self.accumulate_steps == 0, reduce_and_apply, lambda: tf.constant(0))
@@ -210,8 +239,8 @@ class ReplicatedOptimizer(tf.Module):
                                         self.good_steps + 1, tf.zeros_like(self.good_steps)))
 
 
-def _run_noop(strategy, fn):
-    strategy.run(fn)
+def _run_noop(for_each_replica, fn):
+    for_each_replica(fn)
     return tf.constant(0)
 
 

@@ -1,10 +1,7 @@
 """The Replicator: TF-Replicator's programming model on top of `tf.distribute`."""
 
 import contextlib
-import json
-import os
-import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import gin
 import tensorflow as tf
@@ -19,12 +16,6 @@ _REDUCE_OPS = ("sum", "mean", "max", "min")
 _AGREE_FNS = {"max": lambda v: collectives.all_reduce(v, "max"),
               "min": lambda v: collectives.all_reduce(v, "min")}
 
-# Work that must run in cross-replica context right after a replicated step, such as
-# an accumulating optimizer's conditional update (a collective cannot sit inside a
-# `tf.cond` in replica context). Registered from inside the step, drained by run().
-_after_step_lock = threading.Lock()
-_pending: list = []
-
 
 def mean_over_steps(one_step: Callable[[], Any], num_steps) -> Any:
     """Inside a tf.function: calls `one_step()` `num_steps` (>= 1) times in a `tf.range`
@@ -35,18 +26,38 @@ def mean_over_steps(one_step: Callable[[], Any], num_steps) -> Any:
     return tf.nest.map_structure(lambda t: t / tf.cast(num_steps, t.dtype), totals)
 
 
-def defer_after_step(callback: Callable[[], None]) -> None:
-    """Schedules `callback` (idempotent per step) to run after the current Replicator.run."""
-    with _after_step_lock:
-        if callback not in _pending:
-            _pending.append(callback)
+def _one_copy_of_statistics(next_creator, **kwargs):
+    """Variable creator of Replicator.scope(): a non-trainable floating-point variable
+    that Keras leaves unaggregated (batch norm's moving mean and variance) gets MEAN
+    aggregation, so that its update in a replicated step is averaged over the
+    replicas and every replica keeps the same value, instead of a copy per replica
+    that drifts from the others (and of which eval and checkpoints see only one).
+    Variables created with an explicit synchronization (see `identical_updates`)
+    are left as they are."""
+    trainable = kwargs.get("trainable")
+    aggregation = kwargs.get("aggregation") or tf.VariableAggregation.NONE
+    synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
+    dtype = kwargs.get("dtype")
+    if (trainable is False and aggregation == tf.VariableAggregation.NONE
+            and synchronization == tf.VariableSynchronization.AUTO
+            and dtype is not None and tf.as_dtype(dtype).is_floating):
+        kwargs["aggregation"] = tf.VariableAggregation.MEAN
+    return next_creator(**kwargs)
 
 
-def _drain_after_step() -> list:
-    with _after_step_lock:
-        callbacks = list(_pending)
-        _pending.clear()
-    return callbacks
+def _as_identical_on_replicas(next_creator, **kwargs):
+    if kwargs.get("trainable") is False and (kwargs.get("synchronization") or
+                                             tf.VariableSynchronization.AUTO) == tf.VariableSynchronization.AUTO:
+        kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
+    return next_creator(**kwargs)
+
+
+def identical_updates() -> contextlib.AbstractContextManager:
+    """Non-trainable variables created here are updated with the same value on every
+    replica by their owner (e.g. SyncBatchNorm's moving statistics, computed from the
+    global batch), so Replicator.scope() leaves them unaggregated: no cross-replica
+    average on every update."""
+    return tf.variable_creator_scope(_as_identical_on_replicas)
 
 
 @gin.configurable
@@ -64,8 +75,10 @@ class Replicator:
 
     Args:
       target: 'cpu', 'gpu', 'tpu', 'multi_worker', 'parameter_server' or 'auto'.
-      num_replicas: replicas for 'cpu' (default 1) and 'gpu' (default all GPUs);
-        set by the cluster for the other targets.
+      num_replicas: logical CPU devices for 'cpu' (default 1), the first N GPUs
+        for 'gpu' (default all); on 'multi_worker', 'parameter_server' and 'tpu' the
+        cluster decides, and a value given here is ignored with a logged line (so
+        one binding, the target, swaps the hardware).
     """
 
     def __init__(self, target: str = "cpu", num_replicas: Optional[int] = None):
@@ -74,6 +87,7 @@ class Replicator:
         self.coordinator = None
         if self.target == "parameter_server":
             self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
+        self._identity = targets.worker_identity(self.target, self.strategy)
 
     # -- where we are ----------------------------------------------------------------
 
@@ -85,34 +99,36 @@ class Replicator:
     @property
     def num_workers(self) -> int:
         """Processes that run steps: hosts for multi_worker, workers for parameter_server, else 1."""
-        if self.target == "parameter_server":
-            return self.strategy.extended._num_workers  # pylint: disable=protected-access
-        if self.target == "multi_worker":
-            spec = self.strategy.cluster_resolver.cluster_spec()
-            return sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs)
-        return 1
+        return self._identity.num_workers
 
     @property
     def worker_index(self) -> int:
-        """This process's index among the workers (0 on the chief and single-process runs)."""
-        if self.target != "multi_worker":
-            return 0
-        config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
-        task = config.get("task", {})
-        has_chief = "chief" in config.get("cluster", {})
-        index = int(task.get("index", 0))
-        return index + 1 if (has_chief and task.get("type") == "worker") else index
+        """This process's index among the workers (0 on the chief and single-process runs).
+
+        Taken from the strategy's cluster resolver (task type and id), whichever it is:
+        TF_CONFIG, Slurm, or another.
+        """
+        return self._identity.worker_index
 
     @property
     def is_chief(self) -> bool:
         """True on the one process that writes summaries, metrics and checkpoints."""
-        if self.target != "multi_worker":
-            return True
-        return self.strategy.extended.should_checkpoint
+        return self._identity.is_chief
 
-    def scope(self) -> contextlib.AbstractContextManager:
-        """Variables (models, optimizers, metrics) created here are replicated."""
-        return self.strategy.scope()
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Variables (models, optimizers, metrics) created here are replicated.
+
+        Non-trainable floating-point variables that Keras leaves unaggregated, such as
+        `keras.layers.BatchNormalization`'s moving mean and variance, are kept as one
+        copy: their updates in a step are averaged over the replicas.
+        """
+        with self.strategy.scope():
+            if self.strategy.num_replicas_in_sync > 1 and self.coordinator is None:
+                with tf.variable_creator_scope(_one_copy_of_statistics):
+                    yield
+            else:  # one copy already: one replica, or variables on parameter servers
+                yield
 
     # -- data ------------------------------------------------------------------------
 
@@ -167,10 +183,7 @@ class Replicator:
         """
         if self.coordinator is not None:
             return self.coordinator.schedule(step_fn, args=args, kwargs=kwargs)
-        out = self.strategy.run(step_fn, args=args, kwargs=kwargs)
-        for callback in _drain_after_step():
-            callback()
-        return out
+        return self.strategy.run(step_fn, args=args, kwargs=kwargs)
 
     def reduce(self, values: Any, op: str = "mean") -> Any:
         """Reduces per-replica values (a nested structure) to one value each, in cross-replica context.

@@ -6,9 +6,12 @@ Only this package touches `tf.distribute`. Every failure to build a target is a
 
 import json
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
+import gin
 import tensorflow as tf
+from tensorflow.python.distribute import multi_worker_util
+from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 
 from expframe.errors import ConfigError
 from expframe.replicator import cluster
@@ -97,10 +100,7 @@ def _tpu_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
             f"({str(e).splitlines()[0][:120]}); run on a TPU VM or use Replicator.target='cpu'."
         ) from None
     strategy = tf.distribute.TPUStrategy(resolver)
-    if num_replicas is not None and num_replicas != strategy.num_replicas_in_sync:
-        raise ConfigError(
-            f"Replicator.num_replicas={num_replicas} but the TPU has "
-            f"{strategy.num_replicas_in_sync} cores; leave Replicator.num_replicas unset.")
+    _log_cluster_decides("tpu", num_replicas, strategy)
     return strategy
 
 
@@ -132,38 +132,121 @@ def cluster_spec_from_env() -> dict:
     return config
 
 
+class _CpuSlurmClusterResolver(slurm_cluster_resolver.SlurmClusterResolver):
+    """TensorFlow's SlurmClusterResolver for nodes without GPUs.
+
+    The stock resolver counts GPUs with `nvidia-smi` (missing on CPU nodes: it
+    fails), hands every task at least one GPU (with none, it fails on a zero
+    step), drops tasks beyond the GPU count of a node, and reports them to the
+    strategy as accelerators. Here every task gets a slot that is never used
+    (CUDA_VISIBLE_DEVICES is left alone) and no accelerators are reported, so each
+    worker runs one replica on its CPU.
+    """
+
+    _SLOTS = 1 << 16  # more than any node's task count: no task is dropped.
+
+    def __init__(self, port_base: int):
+        super().__init__(port_base=port_base, gpus_per_node=self._SLOTS, gpus_per_task=1, auto_set_gpu=False)
+
+    def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
+        del task_type, task_id, config_proto
+        return {}
+
+
+@gin.configurable("slurm_cluster")
+def slurm_resolver(port_base: int = 8888) -> tf.distribute.cluster_resolver.ClusterResolver:
+    """The cluster of this Slurm job step, one worker per Slurm task.
+
+    Reads SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST and
+    SLURM_STEP_TASKS_PER_NODE; the tasks of a node listen on `port_base`,
+    `port_base + 1`, ... (bind `slurm_cluster.port_base` if 8888 is taken).
+    """
+    try:
+        gpus = slurm_cluster_resolver.get_num_gpus()
+    except (RuntimeError, OSError):  # no nvidia-smi: a CPU node
+        gpus = 0
+    try:
+        if gpus:
+            return slurm_cluster_resolver.SlurmClusterResolver(port_base=port_base)
+        return _CpuSlurmClusterResolver(port_base)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"SLURM_JOB_ID is set but the Slurm job step cannot be read ({e}); run "
+                          "main.py under `srun`, or set TF_CONFIG for the cluster.") from None
+
+
 def _resolver():
     if os.environ.get("TF_CONFIG"):
         cluster_spec_from_env()
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if "SLURM_JOB_ID" in os.environ:
-        return tf.distribute.cluster_resolver.SlurmClusterResolver()
+        return slurm_resolver()
     cluster_spec_from_env()  # raises the clear error
+
+
+def _log_cluster_decides(target: str, num_replicas: Optional[int], strategy) -> None:
+    if num_replicas is not None:
+        print(f"expframe: Replicator.num_replicas={num_replicas} is for the 'cpu' and 'gpu' targets; "
+              f"on '{target}' the cluster decides: {strategy.num_replicas_in_sync} replica(s) in sync",
+              flush=True)
 
 
 def _multi_worker_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
     resolver = _resolver()
-    cluster.configure_fault_detection()
+    cluster.configure_fault_detection(cluster_def=resolver.cluster_spec().as_dict())
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=options)
-    if num_replicas is not None and num_replicas != strategy.num_replicas_in_sync:
-        raise ConfigError(
-            f"Replicator.num_replicas={num_replicas} but the cluster in TF_CONFIG has "
-            f"{strategy.num_replicas_in_sync} replicas; leave Replicator.num_replicas unset.")
+    _log_cluster_decides("multi_worker", num_replicas, strategy)
     return strategy
 
 
 def _parameter_server_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
-    del num_replicas  # Set by the cluster: one replica per worker, asynchronous.
     resolver = _resolver()
-    cluster.configure_fault_detection()
-    return tf.distribute.ParameterServerStrategy(resolver)
+    cluster.configure_fault_detection(cluster_def=resolver.cluster_spec().as_dict())
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    _log_cluster_decides("parameter_server", num_replicas, strategy)
+    return strategy
+
+
+class WorkerIdentity(NamedTuple):
+    """Where this process stands among the processes that run steps."""
+
+    worker_index: int
+    num_workers: int
+    is_chief: bool
+
+
+def worker_identity(target: str, strategy: tf.distribute.Strategy) -> WorkerIdentity:
+    """This process's index among the workers, their number, and whether it is the chief.
+
+    From the strategy's cluster resolver (task type and id), whichever resolver it
+    is (TF_CONFIG, Slurm, ...): a chief task is worker 0 and the workers follow it.
+    With parameter servers the program runs on the coordinator alone, which drives
+    all workers. Single-process targets are worker 0 of 1.
+    """
+    if target not in ("multi_worker", "parameter_server"):
+        return WorkerIdentity(0, 1, True)
+    # ParameterServerStrategy keeps its resolver where the public property does not look (TF 2.21).
+    resolver = strategy.cluster_resolver or getattr(strategy, "_cluster_resolver", None)
+    spec = multi_worker_util.normalize_cluster_spec(resolver.cluster_spec())
+    if target == "parameter_server":
+        return WorkerIdentity(0, spec.num_tasks("worker") if "worker" in spec.jobs else 0, True)
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if not spec.jobs or task_type is None:
+        return WorkerIdentity(0, 1, True)
+    return WorkerIdentity(multi_worker_util.id_in_cluster(spec, task_type, task_id),
+                          multi_worker_util.worker_count(spec, task_type),
+                          multi_worker_util.is_chief(spec, task_type, task_id))
 
 
 def make_strategy(target: str, num_replicas: Optional[int]) -> tf.distribute.Strategy:
-    """Builds the strategy for a target name (the `Replicator.target` contract)."""
+    """Builds the strategy for a target name (the `Replicator.target` contract).
+
+    `num_replicas` counts logical CPU devices ('cpu') or GPUs ('gpu'); the
+    cluster targets ('multi_worker', 'parameter_server', 'tpu') ignore it with a
+    logged line, so that switching the target alone moves an experiment.
+    """
     if target not in TARGETS:
         raise ConfigError(
             f"Replicator.target={target!r} is not a known target; use one of "

@@ -6,7 +6,9 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import expframe as xf
+from expframe.layers import sync_batch_norm
 from expframe.layers.sync_batch_norm import merge_moments
+from expframe.replicator import keras_hooks
 from tests import support
 
 GLOBAL_BATCH = 8
@@ -56,7 +58,9 @@ def _replicated(rep, x, w, layer_cls=xf.layers.SyncBatchNorm, **kwargs):
         dx, dgamma, dbeta = tape.gradient(loss, [xs, layer.gamma, layer.beta])
         return dict(y=y, dx=dx, dgamma=dgamma, dbeta=dbeta)
 
-    split = lambda a: (lambda r: a[r * b:(r + 1) * b])
+    def split(a):
+        return lambda r: a[r * b:(r + 1) * b]
+
     out = tf.function(lambda a, c: rep.run(step, a, c))(
         support.per_replica(rep, split(x)), support.per_replica(rep, split(w)))
     local = rep.local_results(out)
@@ -142,7 +146,8 @@ class SyncBatchNormTest(support.TestCase):
         with rep.scope():
             layer = xf.layers.SyncBatchNorm()
         y = rep.run(lambda a, m: layer(a, training=True, mask=m),
-                    support.per_replica(rep, lambda r: x[2 * r:2 * r + 2]), support.per_replica(rep, lambda r: mask[2 * r:2 * r + 2]))
+                    support.per_replica(rep, lambda r: x[2 * r:2 * r + 2]),
+                    support.per_replica(rep, lambda r: mask[2 * r:2 * r + 2]))
         got = np.concatenate(rep.local_results(y))
         np.testing.assert_allclose(got[np.broadcast_to(mask[..., None], got.shape)],
                                    np.asarray(want)[np.broadcast_to(mask[..., None], got.shape)], atol=1e-4)
@@ -169,3 +174,28 @@ class SyncBatchNormTest(support.TestCase):
             layer = xf.layers.SyncBatchNorm()
             with self.assertRaisesRegex(xf.ConfigError, "must run inside Replicator.run"):
                 layer(tf.ones([4, 3]), training=True)
+
+
+class KerasHooksTest(support.TestCase):
+
+    def test_missing_keras_hook_fails_loudly(self):
+        sync_batch_norm.check_keras_hooks()  # the installed Keras has them
+        bn = keras.layers.BatchNormalization
+        moments = vars(bn)["_moments"]
+        delattr(bn, "_moments")
+        try:
+            with self.assertRaisesRegex(keras_hooks.KerasHookError,
+                                        r"SyncBatchNorm overrides a private Keras hook, but .*BatchNormalization "
+                                        r"has no method _moments in Keras 3\.\d+.*per-replica moments.*"
+                                        r"supports Keras >=3.15,<3.16"):
+                sync_batch_norm.check_keras_hooks()
+        finally:
+            bn._moments = moments
+        build = vars(bn)["build"]
+        bn.build = lambda self, input_shape: None  # a release that names the axes differently
+        try:
+            with self.assertRaisesRegex(keras_hooks.KerasHookError, r"build no longer sets _reduction_axes"):
+                sync_batch_norm.check_keras_hooks()
+        finally:
+            bn.build = build
+        sync_batch_norm.check_keras_hooks()

@@ -56,7 +56,7 @@ class CollectivesTest(support.TestCase):
     def test_broadcast_from_each_source(self, target, n):
         rep = support.replicator(target, n)
         for source in range(n):
-            def step(x):
+            def step(x, source=source):
                 nest = {"x": x, "flag": x[0, 0] > 1.5, "nan_elsewhere": tf.where(
                     tf.equal(xf.replica_id(), source), x, np.nan)}
                 return xf.broadcast(nest, source=source)
@@ -140,7 +140,8 @@ class CollectivesTest(support.TestCase):
         # backward pass of many collectives quadratic (see collectives.py).
         rep = support.replicator("cpu", 2)
         fn = tf.function(lambda x: rep.run(
-            lambda t: (xf.all_gather(t, 0), xf.all_reduce(t, "sum"), xf.all_reduce(tf.fill([400_000], t[0, 0]), "sum")), x))
+            lambda t: (xf.all_gather(t, 0), xf.all_reduce(t, "sum"),
+                       xf.all_reduce(tf.fill([400_000], t[0, 0]), "sum")), x))
         graph = fn.get_concrete_function(self.per_replica(rep, _value)).graph
         ops = [op.type for op in graph.get_operations()]
         self.assertEqual(ops.count("CollectiveReduce"), 4)  # 2 replicas x (gather, small sum)

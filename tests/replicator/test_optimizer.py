@@ -8,6 +8,9 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import expframe as xf
+from expframe.replicator import keras_hooks
+from expframe.replicator import optimizer as optimizer_lib
+from expframe.replicator.replicator import mean_over_steps
 from tests import support
 
 GLOBAL_BATCH = 16
@@ -21,40 +24,97 @@ def _batches(steps, batch=GLOBAL_BATCH, seed=0):
 
 def _model(norm=True):
     keras.utils.set_random_seed(0)
+    layers = {True: lambda: xf.layers.SyncBatchNorm(momentum=0.9),
+              "plain": lambda: keras.layers.BatchNormalization(momentum=0.9),
+              False: keras.layers.Identity}
     return keras.Sequential([
-        keras.Input((6, 6, 2)), keras.layers.Conv2D(4, 3),
-        xf.layers.SyncBatchNorm(momentum=0.9) if norm else keras.layers.Identity(),
+        keras.Input((6, 6, 2)), keras.layers.Conv2D(4, 3), layers[norm](),
         keras.layers.ReLU(), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
 
 
-class Trainer:
-    """A minimal replicated training loop, the way a user writes one."""
+def _loss(model, x, y, w):
+    """Mean over the batch of w * cross-entropy (w: per-example weights, usually 1)."""
+    logits = model(x, training=True)
+    return tf.reduce_mean(w * keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
 
-    def __init__(self, rep, accumulate_steps=1, clip=None, make_opt=None, loss_scale=None, norm=True):
-        self.rep = rep
+
+def _with_weights(batches):
+    return [b if len(b) == 3 else (b[0], b[1], np.ones(len(b[0]), np.float32)) for b in batches]
+
+
+class PlainKeras:
+    """The single-device reference: plain Keras, no strategy, no wrapper."""
+
+    def __init__(self, make_opt=None, norm=True):
+        self.model = _model(norm)  # SyncBatchNorm on one device is BatchNormalization
+        self.opt = make_opt() if make_opt else keras.optimizers.SGD(0.1, momentum=0.9)
+
+        @tf.function
+        def step(x, y, w):
+            with tf.GradientTape() as tape:
+                loss = _loss(self.model, x, y, w)
+            self.opt.apply_gradients(zip(tape.gradient(loss, self.model.trainable_variables),
+                                         self.model.trainable_variables, strict=True))
+
+        self._step = step
+
+    def train(self, batches):
+        for x, y, w in _with_weights(batches):
+            self._step(x, y, w)
+        return self
+
+    def forward(self, x):
+        """A training-mode forward pass only: batch norm's moving statistics move."""
+        self.model(x, training=True)
+        return self
+
+    def weights(self):
+        return [np.asarray(v) for v in self.model.weights]
+
+
+class Trainer:
+    """A minimal replicated training loop, the way a user writes one.
+
+    entry: how the step is launched: "replicator" (Replicator.run), "strategy"
+    (tf.distribute's strategy.run directly), or "loop" (all batches of one train()
+    call in one tf.function, a tf.range loop over a distributed iterator).
+    """
+
+    def __init__(self, rep, accumulate_steps=1, clip=None, make_opt=None, loss_scale=None, norm=True,
+                 entry="replicator"):
+        self.rep, self.entry = rep, entry
         with rep.scope():
             self.model = _model(norm)
             base = make_opt() if make_opt else keras.optimizers.SGD(0.1, momentum=0.9)
             self.opt = xf.wrap_optimizer(base, accumulate_steps=accumulate_steps,
                                          clip_global_norm=clip, loss_scale=loss_scale)
 
-        def step(x, y):
+        def step(x, y, w):
             with tf.GradientTape() as tape:
-                logits = self.model(x, training=True)
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+                loss = _loss(self.model, x, y, w)
                 scaled = self.opt.scale_loss(loss)
             grads = tape.gradient(scaled, self.model.trainable_variables)
-            self.opt.apply_gradients(zip(grads, self.model.trainable_variables))
+            self.opt.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
             return loss
 
-        self._step = tf.function(lambda x, y: rep.run(step, x, y))
+        self._step_fn = step
+        if entry == "strategy":
+            self._step = tf.function(lambda x, y, w: rep.strategy.run(step, args=(x, y, w)))
+        else:
+            self._step = tf.function(lambda x, y, w: rep.run(step, x, y, w))
+        self._loop = tf.function(lambda it, n: mean_over_steps(lambda: rep.reduce(rep.run(step, *next(it))), n))
 
     def train(self, batches):
         n = self.rep.num_replicas
-        for x, y in batches:
+        batches = _with_weights(batches)
+        if self.entry == "loop":  # each global batch split over the replicas in order, as below
+            data = tf.data.Dataset.from_tensor_slices(tuple(np.concatenate(a) for a in zip(*batches, strict=True)))
+            it = iter(self.rep.strategy.experimental_distribute_dataset(data.batch(len(batches[0][0]))))
+            self._loop(it, tf.constant(len(batches)))
+            return
+        for x, y, w in batches:
             b = len(x) // n
-            self._step(support.per_replica(self.rep, lambda r: x[r * b:(r + 1) * b]),
-                       support.per_replica(self.rep, lambda r: y[r * b:(r + 1) * b]))
+            self._step(*(support.per_replica(self.rep, lambda r, a=a, b=b: a[r * b:(r + 1) * b]) for a in (x, y, w)))
 
     def weights(self):
         for v in self.model.weights:
@@ -68,29 +128,29 @@ class OptimizerTest(support.TestCase):
 
     def assertWeightsClose(self, a, b, atol=1e-5):
         self.assertEqual(len(a), len(b))
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             np.testing.assert_allclose(x, y, atol=atol, rtol=1e-5)
 
     @parameterized.named_parameters(*support.named_replicators())
     def test_replication_invariance(self, target, n):
         batches = _batches(10)
-        reference = Trainer(support.replicator("cpu", 1))
-        reference.train(batches)
+        reference = PlainKeras().train(batches)
         trainer = Trainer(support.replicator(target, n))
         trainer.train(batches)
         self.assertWeightsClose(trainer.weights(), reference.weights())
         self.assertEqual(int(trainer.opt.iterations.numpy()), 10)
         # The run actually moved the weights (not a vacuous equality).
-        self.assertGreater(np.abs(trainer.weights()[0] - Trainer(support.replicator("cpu", 1)).weights()[0]).max(), 1e-3)
+        self.assertGreater(np.abs(trainer.weights()[0] - PlainKeras().weights()[0]).max(), 1e-3)
 
     @parameterized.named_parameters(*support.named_replicators(min_replicas=2))
     def test_adam_slots_built_in_scope_lazily(self, target, n):
         batches = _batches(3)
-        make = lambda: keras.optimizers.Adam(1e-2)
+        def make():
+            return keras.optimizers.Adam(1e-2)
+
         # No batch norm: the conv bias before it has a gradient of ~0, which Adam's
         # g / sqrt(v) turns from rounding noise into O(lr) steps.
-        reference = Trainer(support.replicator("cpu", 1), make_opt=make, norm=False)
-        reference.train(batches)
+        reference = PlainKeras(make_opt=make, norm=False).train(batches)
         trainer = Trainer(support.replicator(target, n), make_opt=make, norm=False)
         trainer.train(batches)
         self.assertWeightsClose(trainer.weights(), reference.weights())
@@ -99,8 +159,7 @@ class OptimizerTest(support.TestCase):
     def test_accumulation_equals_large_batch(self, target, n):
         big = _batches(3, batch=32)
         # No batch norm here: its statistics depend on the batch size by design.
-        reference = Trainer(support.replicator("cpu", 1), norm=False)
-        reference.train(big)
+        reference = PlainKeras(norm=False).train(big)
         trainer = Trainer(support.replicator(target, n), accumulate_steps=4, norm=False)
         micro = [(x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8]) for x, y in big for i in range(4)]
         trainer.train(micro[:6])
@@ -111,13 +170,13 @@ class OptimizerTest(support.TestCase):
 
     def test_clipping_happens_after_the_cross_replica_mean(self):
         batches = _batches(2)
-        reference = Trainer(support.replicator("cpu", 1), clip=0.05)
+        # Keras' own clipping by global norm on one device.
+        reference = PlainKeras(make_opt=lambda: keras.optimizers.SGD(0.1, momentum=0.9, global_clipnorm=0.05))
         reference.train(batches)
         trainer = Trainer(support.replicator("cpu", 4), clip=0.05)
         trainer.train(batches)
         self.assertWeightsClose(trainer.weights(), reference.weights())
-        unclipped = Trainer(support.replicator("cpu", 1))
-        unclipped.train(batches)
+        unclipped = PlainKeras().train(batches)
         self.assertGreater(np.abs(unclipped.weights()[0] - reference.weights()[0]).max(), 1e-4)
 
     @parameterized.named_parameters(("four_to_one", 4, 1), ("four_to_two", 4, 2), ("one_to_four", 1, 4),
@@ -136,22 +195,81 @@ class OptimizerTest(support.TestCase):
         second.train(batches[3:])
         self.assertWeightsClose(second.weights(), straight.weights())
 
+    @parameterized.named_parameters(
+        ("accumulate_replicator_run", 2, None, "replicator"), ("accumulate_strategy_run", 2, None, "strategy"),
+        ("accumulate_in_a_loop", 2, None, "loop"), ("loss_scale_strategy_run", 1, "dynamic", "strategy"),
+        ("loss_scale_in_a_loop", 1, "dynamic", "loop"))
+    def test_conditional_update_whoever_launches_the_step(self, k, loss_scale, entry):
+        """The update happens inside apply_gradients: exactly on every k-th micro-batch,
+        through Replicator.run, strategy.run or a loop of steps in one tf.function."""
+        big = _batches(3, batch=16 * k)
+        reference = PlainKeras(norm=False).train(big)  # no batch norm: its statistics depend on the batch
+        trainer = Trainer(support.replicator("cpu", 2), accumulate_steps=k, loss_scale=loss_scale, norm=False,
+                          entry=entry)
+        micro = [(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for x, y in big for i in range(k)]
+        if entry == "loop":  # k micro-batches per tf.function call, i.e. one update per call
+            for i in range(3):
+                trainer.train(micro[i * k:(i + 1) * k])
+                self.assertEqual(int(trainer.opt.iterations.numpy()), i + 1)
+        else:
+            for i, batch in enumerate(micro):
+                trainer.train([batch])
+                self.assertEqual(int(trainer.opt.iterations.numpy()), (i + 1) // k, f"after micro-batch {i + 1}")
+        self.assertWeightsClose(trainer.weights(), reference.weights())
+
     def test_dynamic_loss_scale_skips_non_finite_updates(self):
         trainer = Trainer(support.replicator("cpu", 2), loss_scale="dynamic")
         self.assertEqual(float(trainer.opt.loss_scale.numpy()), 2.0 ** 15)
         x, y = _batches(1)[0]
         before = trainer.weights()
-        bad = x.copy()
-        bad[0, 0, 0, 0] = np.inf  # only replica 0 sees it; the global gradient is non-finite
-        trainer.train([(bad, y)])
-        self.assertWeightsClose(trainer.weights()[:2], before[:2], atol=0)
+        poison = np.ones(len(x), np.float32)
+        poison[0] = np.inf  # replica 0's loss and gradient: its forward pass itself is finite
+        trainer.train([(x, y, poison)])
+        # Nothing applied, the scale halved. Batch norm's moving statistics did see the
+        # forward pass, as they do in plain Keras: every weight is checked against it.
+        reference = PlainKeras().forward(x)
+        self.assertWeightsClose(trainer.weights(), reference.weights(), atol=1e-6)
+        for variable, old, new in zip(trainer.model.weights, before, trainer.weights(), strict=True):
+            if variable.trainable:
+                np.testing.assert_array_equal(new, old, err_msg=variable.path)
+            else:  # the moving statistics moved: the comparison above is not vacuous
+                self.assertGreater(np.abs(new - old).max(), 1e-3, variable.path)
         self.assertEqual(float(trainer.opt.loss_scale.numpy()), 2.0 ** 14)
         self.assertEqual(int(trainer.opt.iterations.numpy()), 0)
         trainer.train([(x, y)])
         self.assertEqual(int(trainer.opt.iterations.numpy()), 1)
-        reference = Trainer(support.replicator("cpu", 1))
         reference.train([(x, y)])
-        self.assertWeightsClose(trainer.weights()[:2], reference.weights()[:2], atol=1e-5)
+        self.assertWeightsClose(trainer.weights(), reference.weights(), atol=1e-5)
+        self.assertGreater(np.abs(trainer.weights()[0] - before[0]).max(), 1e-4)
+
+    def test_plain_batch_norm_statistics_agree_across_replicas_after_training(self):
+        trainer = Trainer(support.replicator("cpu", 4), norm="plain")
+        trainer.train(_batches(3))
+        weights = trainer.weights()  # asserts that every replica holds the same values
+        stats = [w for w, v in zip(weights, trainer.model.weights, strict=True) if "moving" in v.path]
+        self.assertLen(stats, 2)
+        self.assertGreater(np.abs(stats[0]).max(), 1e-3)  # they moved
+
+    def test_missing_keras_hook_fails_loudly(self):
+        optimizer_lib.check_keras_hooks()  # the installed Keras has it
+        owner = next(c for c in keras.optimizers.Optimizer.__mro__ if "_all_reduce_sum_gradients" in vars(c))
+        hook = vars(owner)["_all_reduce_sum_gradients"]
+        delattr(owner, "_all_reduce_sum_gradients")
+        try:
+            with self.assertRaisesRegex(keras_hooks.KerasHookError,
+                                        r"wrap_optimizer overrides a private Keras hook, but .*Optimizer has no "
+                                        r"method _all_reduce_sum_gradients.*sum.*supports Keras >=3.15,<3.16"):
+                optimizer_lib.check_keras_hooks()
+        finally:
+            owner._all_reduce_sum_gradients = hook
+        updater = vars(owner)["_backend_update_step"]
+        owner._backend_update_step = lambda self, grads, variables, lr: None  # a renamed hook: not called
+        try:
+            with self.assertRaisesRegex(keras_hooks.KerasHookError, "no longer calls _all_reduce_sum_gradients"):
+                optimizer_lib.check_keras_hooks()
+        finally:
+            owner._backend_update_step = updater
+        optimizer_lib.check_keras_hooks()
 
     def test_bad_arguments(self):
         rep = support.replicator("cpu", 2)

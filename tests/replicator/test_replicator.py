@@ -4,6 +4,7 @@ import json
 import os
 from unittest import mock
 
+import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
@@ -20,7 +21,8 @@ class ReplicatorTest(support.TestCase):
             self.assertEqual(xf.Replicator("cpu", n).num_replicas, n)
 
     def test_more_replicas_than_the_split_is_a_clear_error(self):
-        with self.assertRaisesRegex(xf.ConfigError, "num_replicas=9 .* already started with 8 logical CPU.*EXPFRAME_CPU_DEVICES=9"):
+        with self.assertRaisesRegex(xf.ConfigError,
+                                    "num_replicas=9 .* already started with 8 logical CPU.*EXPFRAME_CPU_DEVICES=9"):
             xf.Replicator("cpu", 9)
 
     @parameterized.parameters(
@@ -42,14 +44,16 @@ class ReplicatorTest(support.TestCase):
 
     def test_batch_not_divisible(self):
         rep = xf.Replicator("cpu", 4)
-        with self.assertRaisesRegex(xf.ConfigError, r"Trainer.global_batch_size=30 is not divisible by the 4 replicas.*28 or 32"):
+        with self.assertRaisesRegex(xf.ConfigError,
+                                    r"Trainer.global_batch_size=30 is not divisible by the 4 replicas.*28 or 32"):
             rep.distribute(lambda ctx: tf.data.Dataset.range(4), global_batch_size=30)
         self.assertEqual(rep.check_global_batch(32), 8)
 
     @parameterized.parameters(
         ("not json", "TF_CONFIG is not a valid cluster description"),
         (json.dumps({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}), "IndexError"),
-        (json.dumps({"cluster": {"worker": ["127.0.0.1:notaport"]}, "task": {"type": "worker", "index": 0}}), "invalid literal"),
+        (json.dumps({"cluster": {"worker": ["127.0.0.1:notaport"]}, "task": {"type": "worker", "index": 0}}),
+         "invalid literal"),
     )
     def test_bad_tf_config(self, value, pattern):
         with mock.patch.dict(os.environ, {"TF_CONFIG": value}), self.assertRaisesRegex(xf.ConfigError, pattern):
@@ -88,3 +92,82 @@ class ReplicatorTest(support.TestCase):
         np.testing.assert_array_equal(np.concatenate(rep.local_results(a)), np.arange(8, 16))
         np.testing.assert_array_equal(np.concatenate(rep.local_results(b)), np.arange(16, 24))
         self.assertEqual(per_replica, 8 // n)
+
+
+def _moments_per_replica(x, n):
+    parts = np.split(x, n)
+    return np.mean([p.mean(0) for p in parts], 0), np.mean([p.var(0) for p in parts], 0)
+
+
+class StatisticsTest(support.TestCase):
+    """Plain keras BatchNormalization in Replicator.scope(): one copy of its moving statistics."""
+
+    @parameterized.named_parameters(*support.named_replicators(min_replicas=2))
+    def test_plain_batch_norm_keeps_one_copy_of_its_statistics(self, target, n):
+        rep = support.replicator(target, n)
+        rng = np.random.default_rng(0)
+        # Each replica's shard has its own mean, so per-replica statistics would differ.
+        steps = [rng.normal(size=(8, 3)).astype(np.float32) + np.repeat(np.arange(n), 8 // n)[:, None]
+                 for _ in range(3)]
+        momentum = 0.5
+
+        def trained(layer):
+            step = tf.function(lambda a: rep.run(lambda v: layer(v, training=True), a))
+            for x in steps:
+                step(support.per_replica(rep, lambda r, x=x: x[r * 8 // n:(r + 1) * 8 // n]))
+            return layer
+
+        with rep.scope():
+            layer = keras.layers.BatchNormalization(momentum=momentum)
+            layer.build((None, 3))
+        trained(layer)
+        mean, var = np.zeros(3), np.ones(3)
+        for x in steps:  # the update averaged over replicas
+            m, v = _moments_per_replica(x, n)
+            mean, var = momentum * mean + (1 - momentum) * m, momentum * var + (1 - momentum) * v
+        for variable, want in ((layer.moving_mean, mean), (layer.moving_variance, var)):
+            self.assertSameValuePerReplica(rep, variable.value)
+            np.testing.assert_allclose(rep.local_results(variable.value)[0], want, rtol=1e-5, atol=1e-6)
+        # The checkpoint holds that one copy: restored on one device, it is the same.
+        path = tf.train.Checkpoint(layer=layer).save(os.path.join(self.get_temp_dir(), "bn"))
+        single = keras.layers.BatchNormalization()
+        single.build((None, 3))
+        tf.train.Checkpoint(layer=single).restore(path).assert_existing_objects_matched()
+        np.testing.assert_allclose(single.moving_mean.numpy(), mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(single.moving_variance.numpy(), var, rtol=1e-5, atol=1e-6)
+        # Negative control: created in the bare strategy scope, each replica keeps its own.
+        with rep.strategy.scope():
+            bare = keras.layers.BatchNormalization(momentum=momentum)
+            bare.build((None, 3))
+        trained(bare)
+        copies = rep.local_results(bare.moving_mean.value)
+        self.assertGreater(np.abs(np.asarray(copies[-1]) - np.asarray(copies[0])).max(), 0.1)
+
+    def test_sync_batch_norm_statistics_are_not_averaged_again(self):
+        rep = support.replicator("cpu", 2)
+        with rep.scope():
+            sync, plain = xf.layers.SyncBatchNorm(), keras.layers.BatchNormalization()
+            sync.build((None, 3))
+            plain.build((None, 3))
+        # Already identical on every replica: updated locally, with no cross-replica mean.
+        self.assertEqual(sync.moving_mean.value.aggregation, tf.VariableAggregation.NONE)
+        self.assertEqual(plain.moving_mean.value.aggregation, tf.VariableAggregation.MEAN)
+        self.assertEqual(plain.gamma.value.aggregation, tf.VariableAggregation.NONE)  # trainable: the optimizer's
+
+
+class WorkerIdentityTest(support.TestCase):
+    """Worker identity comes from the cluster resolver; the multi-process runs are in
+    tests/test_multi_worker.py. Here: Slurm's resolver on a CPU node, from its environment alone."""
+
+    def test_slurm_resolver_on_a_cpu_node(self):
+        env = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "3",
+               "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2,1", "PATH": "/nonexistent"}
+        with mock.patch.dict(os.environ, env):
+            os.environ.pop("TF_CONFIG", None)
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            resolver = targets._resolver()  # pylint: disable=protected-access
+            spec = resolver.cluster_spec().as_dict()
+            self.assertNotIn("CUDA_VISIBLE_DEVICES", os.environ)
+        self.assertEqual(spec, {"worker": ["node1:8888", "node1:8889", "node2:8888"]})
+        self.assertEqual((resolver.task_type, resolver.task_id), ("worker", 2))
+        self.assertEqual(resolver.num_accelerators(), {})
