@@ -46,8 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, default=None,
                    help="runs at once on this machine, at most its cores (default 1); with --emit=slurm, "
                         "array tasks at once")
-    p.add_argument("--mode", default="train_and_eval", choices=("train", "eval", "train_and_eval"),
-                   help="main.py's --mode for every run")
+    p.add_argument("--mode", default="train_and_eval", choices=("train", "train_and_eval"),
+                   help="main.py's --mode for every run ('train': no evaluation, e.g. for speed)")
     p.add_argument("--emit", choices=("slurm", "summary"),
                    help="instead of running: 'slurm' writes <root>/study.sbatch, 'summary' writes the "
                         "table and plots from the runs on disk")

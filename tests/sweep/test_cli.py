@@ -16,8 +16,10 @@ from tests import main_runner as mr
 
 STUDY = "experiments/studies/quickstart_batch.gin"
 # The shipped study with its sweeps shrunk on the command line: 2 runs of 2 steps on
-# the small shapes build, the second with a learning rate that makes the loss NaN.
+# the small shapes build and one replica (half the tracing), the second with a
+# learning rate that makes the loss NaN.
 TINY = ["--gin_param=shapes_input.num_train = 512", "--gin_param=shapes_input.num_test = 64",
+        "--gin_param=Replicator.num_replicas = 1",
         "--gin_param=Trainer.steps_per_loop = 1", "--gin_param=Trainer.log_every_steps = 1",
         "--gin_param=Trainer.eval_every_steps = None", "--gin_param=Trainer.eval_steps = 1",
         "--gin_param=Trainer.checkpoint_every_steps = 1",
@@ -63,7 +65,7 @@ def test_quickstart_study_runs_resumes_and_records_a_failure(tmp_path, capsys):
     assert "loss is nan at step 2" in failed["error"].lower() or "loss is inf at step 2" in failed["error"].lower()
     # Each run is an ordinary main.py run in its own model_dir.
     result = json.loads(open(os.path.join(root, OK_RUN, "result.json")).read())
-    assert (result["step"], result["global_batch_size"], result["num_replicas"]) == (2, 16, 2)
+    assert (result["step"], result["global_batch_size"], result["num_replicas"]) == (2, 16, 1)
     given = open(os.path.join(root, OK_RUN, "config.gin")).read()
     assert "keras.optimizers.Adam.learning_rate = 0.001" in given and "Trainer.global_batch_size = 16" in given
     assert [r["step"] for r in mr.metrics(os.path.join(root, OK_RUN), "train")] == [1, 2]
