@@ -1,12 +1,23 @@
 """The run's checkpoints: what is saved (step, the task's trackables, the data position),
-where, and the policy for restoring them."""
+where, and the policy for restoring them.
 
-from typing import Any, Dict, Optional
+Restore policy: the newest checkpoint that can be read wins; an older one is used
+only if every newer one fails to read, with a line saying so. Checkpoints that exist
+but none of which can be read are a RunError (exit 1) that names them and the cause:
+never a fresh start, and nothing is deleted. On several workers every worker restores
+the same step, or the run fails.
+"""
+
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from expframe.data_position import DataPosition
-from expframe.errors import ConfigError
+from expframe.errors import ConfigError, RunError
+
+_PREFIX = "ckpt"  # tf.train.CheckpointManager's: <dir>/ckpt-<step>
 
 
 class Checkpointer:
@@ -32,39 +43,120 @@ class Checkpointer:
         self._shared_dir = None
 
     def restore(self, checkpoint_dir: str, read_dir: Optional[str] = None) -> int:
-        """Restores the newest readable checkpoint; returns its step (0 if none).
+        """Restores the newest readable checkpoint (see the module docstring); returns its step.
 
         Checkpoints are written to `checkpoint_dir` and read from `read_dir` (default
         the same): on a multi-worker cluster every worker resumes from the chief's.
+        Returns 0 when there is no checkpoint at all.
 
-        TensorFlow writes a checkpoint's data files first and then atomically
-        rewrites the `checkpoint` index, so a crash mid-save leaves the previous
-        checkpoint as the latest. Should the newest still be unreadable, older ones
-        are tried in turn.
+        Raises:
+          RunError: checkpoints exist and none can be read, or the workers cannot
+            restore the same step.
+          ConfigError: the checkpoint holds another model (a different config).
         """
-        self.manager = tf.train.CheckpointManager(self.checkpoint, checkpoint_dir, max_to_keep=self.max_to_keep)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, checkpoint_dir, max_to_keep=self.max_to_keep,
+                                                  checkpoint_name=_PREFIX)
         self._shared_dir = read_dir or checkpoint_dir
-        readable = self.manager.checkpoints
-        if read_dir and read_dir != checkpoint_dir:
-            state = tf.train.get_checkpoint_state(read_dir)
-            readable = list(state.all_model_checkpoint_paths) if state else []
-        for path in reversed(readable):
-            try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
-            except (tf.errors.OpError, ValueError, AssertionError) as e:
-                if "not found in checkpoint" in str(e) or "Unresolved object" in str(e):
-                    raise ConfigError(
-                        f"the checkpoint {path} does not match this experiment's model "
-                        "(use a new --model_dir, or the config it was written with).") from None
-                print(f"expframe: could not read {path} ({type(e).__name__}); trying an older checkpoint", flush=True)
-                continue
-            step = int(self.step.numpy())
+        candidates = checkpoints_in(self._shared_dir)
+        step, failures = self._restore_newest(candidates)
+        step = self._agree_across_workers(step, candidates, failures)
+        if step:
             self.data_position.restore(self._shared_dir, step)
-            return step
-        return 0
+        return step
 
     def save(self) -> str:
         """Writes a checkpoint at the current step (this worker's data position first)."""
         step = int(self.step.numpy())
         self.data_position.save(self._shared_dir, step)
         return self.manager.save(checkpoint_number=step)
+
+    # -- the policy ---------------------------------------------------------------------
+
+    def _restore_newest(self, candidates: List[Tuple[int, str]]) -> Tuple[int, List[str]]:
+        """Restores the newest readable candidate. Returns (its step, or 0 if there are no
+        candidates, or -1 if none could be read; the failures, one text each)."""
+        failures = []
+        for _, path in candidates:
+            cause = self._read(path)
+            if cause is None:
+                step = int(self.step.numpy())
+                if failures:
+                    print(f"expframe: could not read the newer checkpoint(s) {'; '.join(failures)}; "
+                          f"restored the older {os.path.basename(path)} (step {step}) instead", flush=True)
+                return step, failures
+            failures.append(f"{os.path.basename(path)} ({cause})")
+        return (-1 if candidates else 0), failures
+
+    def _read(self, path: str) -> Optional[str]:
+        """Restores `path`; returns None, or why it could not be read (one line)."""
+        try:
+            self.checkpoint.restore(path).assert_existing_objects_matched()
+        except Exception as e:  # noqa: BLE001  (any failure to read is reported, never taken for none)
+            text = str(e)
+            if "not found in checkpoint" in text or "Unresolved object" in text:
+                raise ConfigError(
+                    f"the checkpoint {path} does not match this experiment's model "
+                    "(use a new --model_dir, or the config it was written with).") from None
+            text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text).strip().splitlines()
+            first = text[0] if text else "no message"
+            return f"{type(e).__name__}: {first if len(first) <= 160 else first[:157] + '...'}"
+        return None
+
+    def _unreadable(self, failures: List[str]) -> RunError:
+        return RunError(
+            f"cannot read any checkpoint in {self._shared_dir}: {'; '.join(failures)}. Nothing was deleted: "
+            "restore the files from a copy, or move them away to start again from step 0.")
+
+    def _agree_across_workers(self, step: int, candidates: List[Tuple[int, str]], failures: List[str]) -> int:
+        """The step every worker restored; where they differ, the oldest of their steps,
+        restored everywhere. Every worker makes the same `agree` calls in the same order.
+
+        (`Replicator.agree` carries float32: steps are exact below 2**24.)"""
+        rep = self._rep
+        lowest, highest = rep.agree(step, "min"), rep.agree(step, "max")
+        if lowest == highest:
+            if step < 0:
+                raise self._unreadable(failures)
+            return step
+        worker = f"worker {rep.worker_index}"
+        if lowest <= 0:  # a worker found no checkpoint, or could read none: never train on from a guess
+            if step < 0:
+                raise self._unreadable(failures)
+            if step == 0:
+                raise RunError(f"{worker} finds no checkpoint in {self._shared_dir}, but another worker restored "
+                               f"step {highest:.0f}: put the checkpoints on a filesystem every worker sees.")
+            raise RunError(f"{worker} restored step {step} from {self._shared_dir}, but another worker found no "
+                           "readable checkpoint there (see its error).")
+        target = int(lowest)
+        ok = step == target
+        if not ok:
+            path = dict(candidates).get(target)
+            ok = path is not None and self._read(path) is None and int(self.step.numpy()) == target
+        if rep.agree(0.0 if ok else 1.0, "max"):
+            raise RunError(f"the workers restored different checkpoints (steps {target} to {highest:.0f}) from "
+                           f"{self._shared_dir} and {'another worker' if ok else worker} cannot read step "
+                           f"{target}: put the checkpoints on a filesystem every worker sees.")
+        if step != target:
+            print(f"expframe: {worker} restored step {target}, the newest that every worker reads "
+                  f"(it had read step {step})", flush=True)
+        return target
+
+
+def checkpoints_in(directory: str) -> List[Tuple[int, str]]:
+    """(step, path prefix) of every checkpoint in `directory`, newest first.
+
+    Both those that the index file `checkpoint` lists and any `ckpt-<step>.index` on
+    disk: a lost or corrupted index must not hide checkpoints (TensorFlow then
+    reports none, and the run would silently start again)."""
+    paths = set()
+    state = tf.train.get_checkpoint_state(directory)
+    if state is not None:
+        paths.update(os.path.abspath(p) for p in state.all_model_checkpoint_paths)
+    for index in tf.io.gfile.glob(os.path.join(directory, f"{_PREFIX}-*.index")):
+        paths.add(os.path.abspath(index[:-len(".index")]))
+    found = []
+    for path in paths:
+        suffix = path.rsplit("-", 1)[-1]
+        if suffix.isdigit():
+            found.append((int(suffix), path))
+    return sorted(found, reverse=True)

@@ -119,10 +119,14 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     if not allow_config_change:
         _check_config_unchanged(model_dir, config_text, parsed_config)
     out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
-    step = trainer.restore(out.checkpoint_dir, out.restore_dir)
-    if mode == "eval" and step == 0:
-        raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
-    out.start(config_text, step, parsed_config)
+    try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
+        step = trainer.restore(out.checkpoint_dir, out.restore_dir)
+        if mode == "eval" and step == 0:
+            raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
+        out.start(config_text, step, parsed_config)
+    except BaseException:
+        out.close()  # a non-chief worker's private directory
+        raise
     if step:
         out.progress(f"resuming from step {step} ({out.checkpoint_dir})")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "

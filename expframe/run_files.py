@@ -11,9 +11,11 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Dict
+from typing import Dict, Optional
 
 import tensorflow as tf
+
+from expframe.errors import RunError
 
 
 def atomic_write(path: str, text: str) -> None:
@@ -49,15 +51,39 @@ class RunFiles:
         """Creates the model_dir, writes config.gin (as given) and parsed_config.gin (what
         it parses to: includes expanded, paths gone; what a resume compares), trims
         metrics past the resumed step."""
+        kept = self._metrics_up_to(resumed_step)  # read before anything is written
         os.makedirs(self.model_dir, exist_ok=True)
         atomic_write(os.path.join(self.model_dir, "config.gin"), config_text)
         if parsed_config is not None:
             atomic_write(os.path.join(self.model_dir, "parsed_config.gin"), parsed_config)
-        if os.path.exists(self.metrics_path):
-            # A run killed after its last checkpoint logged steps it will now redo.
-            with open(self.metrics_path, encoding="utf-8") as f:
-                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= resumed_step]
-            atomic_write(self.metrics_path, "".join(kept))
+        if kept is not None:
+            atomic_write(self.metrics_path, kept)
+
+    def _metrics_up_to(self, step: int) -> Optional[str]:
+        """metrics.jsonl's records up to `step` (None if there is no file): a run killed
+        after its last checkpoint logged steps that it will now redo.
+
+        A crash while a record was appended leaves a torn last line: it is dropped,
+        with a line saying so. Any other line that is not a record is a RunError.
+        """
+        if not os.path.exists(self.metrics_path):
+            return None
+        with open(self.metrics_path, encoding="utf-8") as f:
+            lines = [(number, line) for number, line in enumerate(f.read().splitlines(), 1) if line.strip()]
+        kept = []
+        for number, line in lines:
+            try:
+                record_step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                if number == lines[-1][0]:
+                    self.progress(f"expframe: dropped the torn last line {number} of {self.metrics_path} "
+                                  f"(a crash while writing it): {line[:60]!r}")
+                    continue
+                raise RunError(f"{self.metrics_path} line {number} is not a JSON metrics record "
+                               f"({line[:60]!r}); fix or delete that line, then rerun.") from None
+            if record_step <= step:
+                kept.append(line + "\n")
+        return "".join(kept)
 
     def write_operative_config(self, text: str) -> None:
         atomic_write(os.path.join(self.model_dir, "operative_config.gin"), text)

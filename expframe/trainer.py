@@ -20,6 +20,7 @@ from expframe.chrono import Chrono
 from expframe.data_position import DataPosition
 from expframe.errors import ConfigError, RunError
 from expframe.evaluator import Evaluator
+from expframe.replicator import ReplicatedOptimizer
 from expframe.tasks.base import Task
 
 
@@ -29,6 +30,31 @@ def _positive_int(binding: str, value, allow_none: bool = False):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{binding}={value!r} must be a positive integer{' or None' if allow_none else ''}.")
     return value
+
+
+def _accumulate_steps(task: Task) -> int:
+    """Micro-batches per optimizer update: the `accumulate_steps` of the task's wrapped
+    optimizers (found in its trackables), which must agree; 1 if it has none."""
+    found = {}
+
+    def visit(name, obj):
+        if isinstance(obj, ReplicatedOptimizer):
+            found[name] = obj.accumulate_steps
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
+                visit(f"{name}.{key}" if name else str(key), value)
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(obj):
+                visit(f"{name}[{i}]", value)
+
+    visit("", task.trackables())
+    if len(set(found.values())) > 1:
+        listed = ", ".join(f"{name} {k}" for name, k in sorted(found.items()))
+        raise ConfigError(
+            f"{type(task).__name__}'s optimizers accumulate different numbers of micro-batches per update "
+            f"(wrap_optimizer.accumulate_steps: {listed}); a train step is one update of each, so bind the "
+            "same wrap_optimizer.accumulate_steps for all of them.")
+    return next(iter(found.values()), 1)
 
 
 @gin.configurable
@@ -42,8 +68,10 @@ class Trainer:
       trainer.train(out, evaluate=True)
 
     Args:
-      train_steps: total optimizer steps.
-      global_batch_size: examples per step over all replicas.
+      train_steps: total optimizer updates (steps). With `wrap_optimizer.accumulate_steps
+        = k` each step consumes k micro-batches.
+      global_batch_size: examples per micro-batch over all replicas (the input
+        pipeline's batch): a step consumes k x global_batch_size examples.
       steps_per_loop: steps per host call, run inside one tf.function.
       log_every_steps: cadence of the progress line and train metrics.
       eval_every_steps: cadence of evaluation (None: only at the end).
@@ -88,6 +116,7 @@ class Trainer:
                                          DataPosition(replicator, position, self.max_checkpoints),
                                          self.max_checkpoints)
         self.evaluator = Evaluator(replicator, task, self.global_batch_size, self.eval_steps)
+        self.accumulate_steps = _accumulate_steps(task)
 
     def restore(self, checkpoint_dir: str, read_dir: Optional[str] = None) -> int:
         """See `Checkpointer.restore`; returns the step to continue from."""
@@ -98,8 +127,10 @@ class Trainer:
         return self.evaluator.run(out, step)
 
     def run_train_steps(self, num_steps: int) -> Dict[str, float]:
-        """One host call: `num_steps` train steps; returns their metrics averaged over them."""
-        metrics = self.rep.run_steps(self.task.train_step, self.train_iterator, num_steps)
+        """One host call: `num_steps` optimizer updates, each of `accumulate_steps` calls of
+        the task's train_step (micro-batches); returns their metrics averaged over them."""
+        micro_batches = num_steps * self.accumulate_steps
+        metrics = self.rep.run_steps(self.task.train_step, self.train_iterator, micro_batches)
         self.step.assign_add(num_steps)
         return metrics
 
@@ -167,7 +198,7 @@ class Trainer:
 
     def _log(self, out: "run_files.RunFiles", step: int, metrics: Dict[str, float], steps_per_sec: float) -> None:
         """Train metrics and the progress line; speed and ETA count training time only (Chrono)."""
-        rate = steps_per_sec * self.task.examples_per_step
+        rate = steps_per_sec * self.accumulate_steps * self.task.examples_per_step
         out.log_metrics(step, "train", dict(metrics, examples_per_sec=rate))
         eta = (self.train_steps - step) / steps_per_sec if steps_per_sec > 0 else 0.0
         out.progress(f"step {step}/{self.train_steps}  loss {metrics['loss']:.4f}  "

@@ -1,0 +1,90 @@
+"""The trainer through main.py: accumulation counts optimizer updates (issue 9, item 4);
+unreadable checkpoints (item 2) and a torn metrics line (item 11) on resume.
+
+One shapes run with `wrap_optimizer.accumulate_steps = 2` (checkpoints at steps 2
+and 4) is shared; each test damages its own copy."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import main_runner as mr
+
+QUICKSTART = "experiments/quickstart.gin"
+PARAMS = mr.SMALL + ("Trainer.train_steps = 4", "Trainer.checkpoint_every_steps = 2",
+                     "wrap_optimizer.accumulate_steps = 2", "run_experiment.deterministic = True")
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("accumulate") / "run"
+    done = mr.run([QUICKSTART], model_dir, data_dir, PARAMS, extra=["--mode=train"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return model_dir
+
+
+def _copy(model_dir, tmp_path):
+    shutil.copytree(model_dir, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _variables(checkpoint):
+    reader = tf.train.load_checkpoint(str(checkpoint))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def _snapshot(model_dir):
+    return {str(p.relative_to(model_dir)): p.read_bytes() for p in sorted(model_dir.rglob("*")) if p.is_file()}
+
+
+def test_accumulate_steps_counts_optimizer_updates(trained):
+    assert "wrap_optimizer.accumulate_steps = 2" in (trained / "operative_config.gin").read_text()
+    assert [r["step"] for r in mr.metrics(trained, "train")] == [2, 4]
+    assert all(r["examples_per_sec"] > 0 for r in mr.metrics(trained, "train"))
+    for step in (2, 4):  # the trainer's step, the optimizer's updates and the file name agree
+        values = _variables(trained / "checkpoints" / f"ckpt-{step}")
+        iterations = [v for n, v in values.items() if n.startswith("optimizer/") and n.endswith("iterations/.ATTRIBUTES/VARIABLE_VALUE")]
+        assert [int(v) for v in iterations] == [step], sorted(values)
+        assert int(values["step/.ATTRIBUTES/VARIABLE_VALUE"]) == step
+        micro = [v for n, v in values.items() if "micro_step" in n]
+        assert [int(v) for v in micro] in ([], [2 * step])  # where the optimizer keeps a micro-batch count
+
+
+def test_unreadable_checkpoints_exit_1_naming_them_and_change_nothing(trained, data_dir, tmp_path):
+    model_dir = _copy(trained, tmp_path)
+    for step, cut in ((4, 10), (2, 100)):
+        with open(model_dir / "checkpoints" / f"ckpt-{step}.data-00000-of-00001", "r+b") as f:
+            f.truncate(cut)
+    before = _snapshot(model_dir)
+    done = mr.run([QUICKSTART], model_dir, data_dir, PARAMS, extra=["--mode=train"])
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "cannot read any checkpoint in" in errors[0] and "ckpt-4 (" in errors[0] and "ckpt-2 (" in errors[0]
+    assert "Nothing was deleted" in errors[0]
+    assert _snapshot(model_dir) == before  # metrics.jsonl, checkpoints, config: untouched
+
+
+def test_resume_falls_back_to_a_readable_checkpoint_and_drops_a_torn_metrics_line(trained, data_dir, tmp_path):
+    model_dir = _copy(trained, tmp_path)
+    with open(model_dir / "checkpoints" / "ckpt-4.data-00000-of-00001", "r+b") as f:
+        f.truncate(10)
+    metrics = (model_dir / "metrics.jsonl").read_text()
+    (model_dir / "metrics.jsonl").write_text(metrics[:-25])  # killed while writing the step-4 record
+    done = mr.run([QUICKSTART], model_dir, data_dir, PARAMS, extra=["--mode=train"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "could not read the newer checkpoint(s) ckpt-4 (" in done.stdout
+    assert "restored the older ckpt-2 (step 2) instead" in done.stdout and "resuming from step 2" in done.stdout
+    assert "dropped the torn last line 2 of" in done.stdout
+    assert [r["step"] for r in mr.metrics(model_dir, "train")] == [2, 4]
+    values = _variables(model_dir / "checkpoints" / "ckpt-4")
+    assert int(values["step/.ATTRIBUTES/VARIABLE_VALUE"]) == 4
+    # Steps 3-4 were redone from step 2 exactly as the first run did them.
+    first = json.loads(metrics.splitlines()[1])
+    again = mr.metrics(model_dir, "train")[1]
+    np.testing.assert_allclose(again["loss"], first["loss"], rtol=1e-5)
+    assert os.path.exists(model_dir / "result.json")
