@@ -43,8 +43,10 @@ def register_symbols() -> None:
     import expframe.data.imagenet  # noqa: F401
     import expframe.data.inputs  # noqa: F401
     import expframe.experiment  # noqa: F401
+    import expframe.metrics  # noqa: F401
     import expframe.models.d4pg  # noqa: F401
     import expframe.models.resnet  # noqa: F401
+    import expframe.models.sngan  # noqa: F401
     import expframe.rl.environments  # noqa: F401
     import expframe.schedules  # noqa: F401
     import expframe.tasks  # noqa: F401

@@ -1,5 +1,7 @@
 """Keras layers that know about replicas only through expframe's collectives."""
 
+from expframe.layers.conditional_batch_norm import ConditionalBatchNorm
+from expframe.layers.spectral_norm import SNConv2D, SNDense, SNEmbedding
 from expframe.layers.sync_batch_norm import SyncBatchNorm
 
-__all__ = ["SyncBatchNorm"]
+__all__ = ["SyncBatchNorm", "ConditionalBatchNorm", "SNConv2D", "SNDense", "SNEmbedding"]

@@ -3,5 +3,6 @@
 from expframe.tasks.base import Task
 from expframe.tasks.classification import ClassificationTask
 from expframe.tasks.d4pg import D4PGTask
+from expframe.tasks.gan import GANTask
 
-__all__ = ["Task", "ClassificationTask", "D4PGTask"]
+__all__ = ["Task", "ClassificationTask", "D4PGTask", "GANTask"]

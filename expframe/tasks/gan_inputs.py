@@ -1,0 +1,133 @@
+"""Input for GAN tasks: train elements of `disc_steps` sub-batches with their noise,
+sample noise indexed globally, and ImageNet scaled to [-1, 1] for a generator.
+
+Replica-count invariance. A dataset function gives per-replica batches in which
+each run of `local` consecutive batches is one global batch (replica i of a worker
+takes the i-th), the same order `Replicator.distribute` hands them out. A GAN
+train step consumes `disc_steps` global batches, so each replica's element must
+hold the i-th per-replica batch of `disc_steps` consecutive global batches:
+`train_elements` takes `disc_steps * local` consecutive batches and deals them
+out. The noise and the labels of generated images are drawn in the pipeline from
+stateless seeds (seed, stream, global step) for the whole global batch, each
+replica keeping its own rows; so every global step sees the same real images, the
+same noise and the same fake labels on 1 or N replicas.
+"""
+
+import gin
+import tensorflow as tf
+
+from expframe.data import imagenet
+
+# Independent random streams of one train step.
+_FAKE_Z, _FAKE_LABEL, _GEN_Z, _GEN_LABEL = range(4)
+
+
+def _seed(seed: int, stream: int, step) -> tf.Tensor:
+    return tf.stack([tf.constant(seed * 16 + stream, tf.int64), tf.cast(step, tf.int64)])
+
+
+def global_rows(seed, stream, step, global_batch, first_row, rows, z_dim=None, num_classes=None):
+    """Rows [first_row, first_row + rows) of the global batch's noise (z_dim) or labels."""
+    s = _seed(seed, stream, step)
+    if z_dim is not None:
+        values = tf.random.stateless_normal([global_batch, z_dim], seed=s)
+    else:
+        values = tf.random.stateless_uniform([global_batch], seed=s, minval=0, maxval=num_classes, dtype=tf.int32)
+    return values[first_row:first_row + rows]
+
+
+def train_elements(real: tf.data.Dataset, ctx: tf.distribute.InputContext, disc_steps: int, global_batch: int,
+                   z_dim: int, num_classes: int, seed: int) -> tf.data.Dataset:
+    """Per-replica train elements of a GAN step (see module docstring).
+
+    Args:
+      real: repeated per-replica batches {"image", "label"} of size global_batch / replicas.
+      ctx: this input pipeline's InputContext.
+      disc_steps: discriminator steps per element.
+      global_batch: examples per sub-batch over all replicas.
+      z_dim, num_classes: of the generator.
+      seed: the run's seed.
+
+    Returns:
+      Elements {"image" [d, b, H, W, 3], "label" [d, b], "fake_z" [d, b, z_dim],
+      "fake_label" [d, b], "gen_z" [b, z_dim], "gen_label" [b]}.
+    """
+    local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+    b = global_batch // ctx.num_replicas_in_sync
+    real = real.map(lambda ex: {"image": ex["image"], "label": tf.cast(ex["label"], tf.int32)})
+    real = real.batch(disc_steps * local, drop_remainder=True)
+
+    def deal(group):  # [d * local, b, ...] -> local elements [d, b, ...], replica order
+        def one(t):
+            t = tf.reshape(t, [disc_steps, local] + t.shape.as_list()[1:])
+            return tf.transpose(t, [1, 0] + list(range(2, t.shape.rank)))
+        return tf.nest.map_structure(one, group)
+
+    real = real.map(deal).unbatch()
+
+    def add_noise(example, k):
+        element, replica = k // local, k % local
+        first = (ctx.input_pipeline_id * local + tf.cast(replica, tf.int32)) * b
+        steps = [element * disc_steps + j for j in range(disc_steps)]
+        out = dict(example)
+        out["fake_z"] = tf.stack([global_rows(seed, _FAKE_Z, t, global_batch, first, b, z_dim=z_dim) for t in steps])
+        out["fake_label"] = tf.stack([global_rows(seed, _FAKE_LABEL, t, global_batch, first, b,
+                                                  num_classes=num_classes) for t in steps])
+        out["gen_z"] = global_rows(seed, _GEN_Z, element, global_batch, first, b, z_dim=z_dim)
+        out["gen_label"] = global_rows(seed, _GEN_LABEL, element, global_batch, first, b, num_classes=num_classes)
+        return out
+
+    return tf.data.Dataset.zip(real, tf.data.Dataset.counter()).map(add_noise, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def sample_inputs(ctx: tf.distribute.InputContext, num_global_batches: int, global_batch: int, z_dim: int,
+                  num_classes: int, seed: int) -> tf.data.Dataset:
+    """Per-replica {"z", "label"} of samples 0 .. num_global_batches * global_batch - 1.
+
+    Sample i has noise drawn from the stateless seed (seed, i) and label
+    i % num_classes (balanced classes), so the samples do not depend on the replica
+    count or the batch size.
+    """
+    local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+    b = global_batch // ctx.num_replicas_in_sync
+
+    def element(k):
+        batch, replica = k // local, k % local
+        first = batch * global_batch + (ctx.input_pipeline_id * local + replica) * b
+        index = first + tf.range(b, dtype=tf.int64)
+        z = tf.map_fn(lambda i: tf.random.stateless_normal([z_dim], seed=tf.stack([tf.constant(seed, tf.int64), i])),
+                      index, fn_output_signature=tf.float32)
+        return {"z": z, "label": tf.cast(index % num_classes, tf.int32)}
+
+    return tf.data.Dataset.range(num_global_batches * local).map(element, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+@gin.configurable
+def gan_imagenet_input(split: str, ctx: tf.distribute.InputContext, batch_size: int, training: bool,
+                       seed: int = 0, deterministic: bool = False,
+                       shuffle_buffer_size: int = 10_000) -> tf.data.Dataset:
+    """ImageNet for a generator: `imagenet_input`'s centre crop, scaled to [-1, 1].
+
+    A GAN learns the distribution of the images it is shown, so it trains on the
+    deterministic centre crops (`imagenet_input` with training=False: short side
+    resized to image_size / 0.875, centre crop), not on random-resized crops; for
+    training they are shuffled (as uint8, `shuffle_buffer_size` images) and
+    repeated. Bind `imagenet_input.image_size` (and data_dir, use_mock, ...) there.
+
+    Returns:
+      {"image": float32 [batch_size, S, S, 3] in [-1, 1], "label": int32 [batch_size]}.
+    """
+    pipeline_seed = seed + ctx.input_pipeline_id
+    ds = imagenet.imagenet_input(split, ctx, batch_size=batch_size, training=False, seed=pipeline_seed,
+                                 deterministic=deterministic).unbatch()
+    mean, std = tf.constant(imagenet.MEAN_RGB), tf.constant(imagenet.STDDEV_RGB)
+    # Undo the classifier normalisation: back to [0, 255] (kept as uint8 while shuffled).
+    ds = ds.map(lambda ex: {"image": tf.cast(tf.clip_by_value(tf.round(tf.cast(ex["image"], tf.float32) * std + mean),
+                                                                0, 255), tf.uint8),
+                            "label": ex["label"]})
+    if training:
+        ds = ds.shuffle(shuffle_buffer_size, seed=pipeline_seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.map(lambda ex: {"image": tf.cast(ex["image"], tf.float32) / 127.5 - 1.0, "label": ex["label"]})
+    return ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+
+
