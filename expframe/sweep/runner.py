@@ -31,7 +31,8 @@ from expframe.sweep.spec import Run, Study
 MAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "main.py")
 LOGS = "logs"
 INTRA_OP_ENV = "TF_NUM_INTRAOP_THREADS"
-_TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} ")  # absl/TensorFlow C++ log lines
+# absl and TensorFlow log lines ("W1130 09:33:06.19 ...", "WARNING: All log messages ...")
+_TF_LOG_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl)")
 _print_lock = threading.Lock()
 
 
@@ -98,6 +99,13 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _say(line: str) -> None:
     with _print_lock:
         print(line, flush=True)
@@ -109,6 +117,7 @@ class _Attempt:
     def __init__(self, run: Run, argv: list[str], env: Mapping[str, str], root: str, label: str, echo: bool):
         self.run, self.root, self.label, self.echo = run, root, label, echo
         self.lines: list[str] = []
+        self.stopped_by: Optional[int] = None  # the signal this study forwarded to it
         self.started_at = time.time()
         self.log = open(os.path.join(root, LOGS, f"{run.name}.log"), "a", encoding="utf-8")  # pylint: disable=consider-using-with
         self.log.write(f"=== {datetime.datetime.now().isoformat(timespec='seconds')}: {' '.join(argv)}\n")
@@ -143,6 +152,7 @@ class _Attempt:
         return self.popen.poll() is not None
 
     def signal(self, signum: int) -> None:
+        self.stopped_by = self.stopped_by or signum
         try:
             os.killpg(self.popen.pid, signum)
         except (ProcessLookupError, PermissionError):
@@ -153,9 +163,13 @@ class _Attempt:
         code = self.popen.wait()
         self.reader.join(timeout=5.0)
         self.log.close()
+        error = last_error(self.lines) if code > 0 else ""
+        if code < 0:
+            error = f"killed by {_signal_name(-code)}"
         attempt = {"started": datetime.datetime.fromtimestamp(self.started_at).isoformat(timespec="seconds"),
-                   "exit_code": code, "wall_time_s": round(time.time() - self.started_at, 1),
-                   "error": last_error(self.lines) if code != 0 else ""}
+                   "exit_code": code, "wall_time_s": round(time.time() - self.started_at, 1), "error": error}
+        if self.stopped_by:
+            attempt["stopped_by"] = _signal_name(self.stopped_by)
         record = read_record(self.root, self.run.name)
         record["attempts"].append(attempt)
         _write_json(os.path.join(self.root, LOGS, f"{self.run.name}.json"), record)

@@ -5,9 +5,10 @@ the study's own record of each attempt (`logs/<name>.json`):
 
 - `run`, then one column per swept binding: the run's name and values;
 - `status`: `ok` (result.json written), `failed` (exit 1), `config_error` (exit 2),
-  `crashed` (killed, or another status), `stopped` (exit 0 without a result: it was
-  signalled; rerun to resume), `unfinished` (files but no record, e.g. run by
-  Slurm), `pending` (not started);
+  `crashed` (killed, or another status), `stopped` (the study was stopped by a
+  signal, which it passed on to the run, or exit 0 without a result; rerun to
+  resume), `unfinished` (files but no record, e.g. run by Slurm), `pending` (not
+  started);
 - `exit_code`, `error`: the last attempt's exit status and last error line;
 - `step`: result.json's step, else the last logged step;
 - `eval_<metric>`: result.json's eval metrics, else the last eval line of metrics.jsonl;
@@ -70,6 +71,8 @@ def examples_per_sec(records: Sequence[dict]) -> Optional[float]:
 
 def _status(model_dir: str, result: Optional[dict], attempts: list) -> str:
     last = attempts[-1]["exit_code"] if attempts else None
+    if attempts and attempts[-1].get("stopped_by") and not (last == 0 and result is not None):
+        return "stopped"
     if last not in (None, 0):
         return FAILED.get(last, "crashed")
     if result is not None:
@@ -105,6 +108,8 @@ def collect(study: Study, root: str) -> list[dict]:
         rate = examples_per_sec(records)
         row["examples_per_sec"] = None if rate is None else round(rate, 1)
         row["error"] = attempts[-1]["error"] if attempts and row["status"] != "ok" else ""
+        if row["status"] == "stopped" and attempts[-1].get("stopped_by"):
+            row["error"] = f"stopped by {attempts[-1]['stopped_by']}; rerun the study to resume"
         rows.append(row)
     return rows
 

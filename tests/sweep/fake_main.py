@@ -4,11 +4,12 @@ It reads `--gin_param`s and `--model_dir`, writes config.gin, metrics.jsonl and
 result.json like a run of `Trainer.train_steps` steps, and records its environment
 (env.json) and how many times it started (starts.txt). A learning rate of 1e30
 fails like a NaN loss (exit 1, `error: ...` on stderr); `fake.sleep_s = S` sleeps
-first (to test signals).
+first (to test signals); `fake.kill_self = True` dies of SIGKILL.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -25,6 +26,8 @@ def main(argv):
     with open(os.path.join(model_dir, "config.gin"), "w") as f:
         f.write("\n".join(params) + "\n")
     time.sleep(float(bindings.get("fake.sleep_s", 0)))
+    if bindings.get("fake.kill_self") == "True":  # e.g. the kernel's OOM killer
+        os.kill(os.getpid(), signal.SIGKILL)
     steps = int(bindings.get("Trainer.train_steps", 2))
     batch = int(bindings.get("Trainer.global_batch_size", 8))
     with open(os.path.join(model_dir, "metrics.jsonl"), "a") as f:

@@ -41,7 +41,8 @@ def test_command_is_main_py_with_the_runs_bindings(tmp_path):
 def test_last_error_line():
     assert runner.last_error(["step 1", "error: loss is nan at step 2", "W0000 00:00 tf says"]) == \
         "loss is nan at step 2"
-    assert runner.last_error(["Traceback ...", "ValueError: boom", "E0000 12:00:00.1 x.cc:1] noise"]) == \
+    assert runner.last_error(["Traceback ...", "ValueError: boom", "E0000 12:00:00.1 x.cc:1] noise",
+                              "WARNING: All log messages before absl::InitializeLog() is called are written"]) == \
         "ValueError: boom"
 
 
@@ -119,7 +120,19 @@ def test_sigterm_is_forwarded_and_no_new_run_starts(tmp_path):
         timer.cancel()
     first, second = study.runs()
     assert outcome[first.name]["exit_code"] == -signal.SIGTERM  # the fake has no handler: it died
-    assert outcome[first.name]["wall_time_s"] < 20
+    assert outcome[first.name]["wall_time_s"] < 20 and outcome[first.name]["stopped_by"] == "SIGTERM"
     assert outcome[second.name] is None and _starts(root, second.name) == 0
-    rows = {row["run"]: row["status"] for row in summary.collect(study, root)}
-    assert rows == {first.name: "crashed", second.name: "pending"}
+    rows = {row["run"]: row for row in summary.collect(study, root)}
+    assert {name: row["status"] for name, row in rows.items()} == {first.name: "stopped", second.name: "pending"}
+    assert rows[first.name]["error"] == "stopped by SIGTERM; rerun the study to resume"
+
+
+def test_a_run_killed_from_outside_is_recorded_as_crashed(tmp_path):
+    root = str(tmp_path / "study")
+    study = _study("fake.kill_self=[True, False]")
+    outcome = runner.run_study(study, root, main_py=FAKE_MAIN, echo=False)
+    killed, fine = study.runs()
+    assert outcome[killed.name]["exit_code"] == -signal.SIGKILL and "stopped_by" not in outcome[killed.name]
+    rows = {row["run"]: row for row in summary.collect(study, root)}
+    assert (rows[killed.name]["status"], rows[killed.name]["error"]) == ("crashed", "killed by SIGKILL")
+    assert rows[fine.name]["status"] == "ok"
