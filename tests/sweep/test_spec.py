@@ -1,5 +1,8 @@
 """Study files and --sweep/--zip flags, their expansion into runs, and validation."""
 
+import glob
+import os
+
 import gin
 import pytest
 
@@ -159,3 +162,11 @@ def test_shipped_resnet50_scaling_study():
     spec.validate(study)
     config_text = spec.validate(study)["num_replicas=8,global_batch_size=64"]
     assert "Replicator.num_replicas = 8" in config_text and "resnet50_imagenet_fake.gin" in config_text
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(mr.ROOT, "experiments", "studies", "*"))))
+def test_every_shipped_study_is_gin_and_validates(path):
+    assert path.endswith(".gin")
+    study = spec.build_study(os.path.relpath(path, mr.ROOT))
+    assert len(spec.validate(study)) == len(study.runs()) >= 2
+    assert open(path).read().startswith("# Study: ")  # a header that says what it studies
