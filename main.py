@@ -30,7 +30,8 @@ def parse_flags(argv):
     try:
         return FLAGS(argv)
     except flags.Error as e:
-        sys.exit(_error(f"{' '.join(str(e).split())}; see `python main.py --helpfull`."))
+        message = " ".join(str(e).split()).replace(" ?", "?").rstrip(".")
+        sys.exit(_error(f"{message}; see `python main.py --helpfull`."))
 
 
 def main(argv):
