@@ -8,10 +8,14 @@ import json
 import os
 import shutil
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import expframe as xf
+from expframe.tasks.base import Task
+from expframe.trainer import Trainer
 from tests import main_runner as mr
 
 QUICKSTART = "experiments/quickstart.gin"
@@ -33,8 +37,10 @@ def _copy(model_dir, tmp_path):
 
 
 def _variables(checkpoint):
+    """The checkpoint's counters: the trainer's step, the optimizers' iterations, micro-steps."""
     reader = tf.train.load_checkpoint(str(checkpoint))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.startswith("step/") or "iterations/" in name or "micro_step" in name}
 
 
 def _snapshot(model_dir):
@@ -47,7 +53,8 @@ def test_accumulate_steps_counts_optimizer_updates(trained):
     assert all(r["examples_per_sec"] > 0 for r in mr.metrics(trained, "train"))
     for step in (2, 4):  # the trainer's step, the optimizer's updates and the file name agree
         values = _variables(trained / "checkpoints" / f"ckpt-{step}")
-        iterations = [v for n, v in values.items() if n.startswith("optimizer/") and n.endswith("iterations/.ATTRIBUTES/VARIABLE_VALUE")]
+        iterations = [v for n, v in values.items()
+                      if n.startswith("optimizer/") and n.endswith("iterations/.ATTRIBUTES/VARIABLE_VALUE")]
         assert [int(v) for v in iterations] == [step], sorted(values)
         assert int(values["step/.ATTRIBUTES/VARIABLE_VALUE"]) == step
         micro = [v for n, v in values.items() if "micro_step" in n]
@@ -88,3 +95,31 @@ def test_resume_falls_back_to_a_readable_checkpoint_and_drops_a_torn_metrics_lin
     again = mr.metrics(model_dir, "train")[1]
     np.testing.assert_allclose(again["loss"], first["loss"], rtol=1e-5)
     assert os.path.exists(model_dir / "result.json")
+
+
+class TwoOptimizers(Task):
+    """A GAN-like task: two wrapped optimizers, accumulating k_g and k_d micro-batches."""
+
+    def __init__(self, k_g, k_d):
+        self.k_g, self.k_d = k_g, k_d
+
+    def build(self):
+        self.generator = xf.wrap_optimizer(keras.optimizers.SGD(0.1), accumulate_steps=self.k_g)
+        self.discriminator = xf.wrap_optimizer(keras.optimizers.SGD(0.1), accumulate_steps=self.k_d)
+
+    def train_input_fn(self, ctx):
+        return tf.data.Dataset.from_tensors({"x": tf.zeros([1])}).repeat()
+
+    def trackables(self):
+        return {"optimizers": {"generator": self.generator, "discriminator": self.discriminator}}
+
+
+def test_the_task_optimizers_must_accumulate_alike():
+    trainer = Trainer(train_steps=1, global_batch_size=2)
+    trainer.prepare(xf.Replicator("cpu", 1), TwoOptimizers(3, 3), seed=0, deterministic=False)
+    assert trainer.accumulate_steps == 3
+    with pytest.raises(xf.ConfigError, match=r"TwoOptimizers's optimizers accumulate different numbers of "
+                                             r"micro-batches per update \(wrap_optimizer.accumulate_steps: "
+                                             r"optimizers.discriminator 1, optimizers.generator 2\)"):
+        Trainer(train_steps=1, global_batch_size=2).prepare(
+            xf.Replicator("cpu", 1), TwoOptimizers(2, 1), seed=0, deterministic=False)
