@@ -22,13 +22,13 @@ _PREFIX = "ckpt"  # tf.train.CheckpointManager's: <dir>/ckpt-<step>
 
 class Checkpointer:
     """Saves and restores a run: its step, the task's trackables (models, optimizers,
-    ...) and this worker's data position.
+    ...) and the data position.
 
     Args:
       replicator: the run's Replicator.
       step: the trainer's step variable.
       trackables: the task's objects to checkpoint (`Task.trackables()`).
-      data_position: this worker's DataPosition.
+      data_position: the run's DataPosition.
       max_to_keep: how many recent checkpoints to keep.
     """
 
@@ -65,7 +65,7 @@ class Checkpointer:
         return step
 
     def save(self) -> str:
-        """Writes a checkpoint at the current step (this worker's data position first)."""
+        """Writes a checkpoint at the current step (the data position is in it)."""
         step = int(self.step.numpy())
         self.data_position.save(self._shared_dir, step)
         return self.manager.save(checkpoint_number=step)

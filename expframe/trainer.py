@@ -111,7 +111,7 @@ class Trainer:
             self.train_iterator, position = replicator.per_worker_iterator(task.train_input_fn), None
         else:
             self.train_iterator = iter(replicator.distribute(task.train_input_fn, self.global_batch_size))
-            position = self.train_iterator.iterator if task.checkpoint_input else None
+            position = self.train_iterator if task.checkpoint_input else None
         self.checkpointer = Checkpointer(replicator, self.step, task.trackables(),
                                          DataPosition(replicator, position, self.max_checkpoints),
                                          self.max_checkpoints)

@@ -249,8 +249,9 @@ def test_worker_identity_comes_from_the_cluster_resolver(tmp_path, resolver):
 
 @pytest.mark.timeout(540)
 def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir, tmp_path, clusters):
-    # The cluster stops at step 3 and a rerun resumes to step 6: each worker must go on
-    # from its own data position (shuffle buffer included), or steps 4-6 differ.
+    # The cluster stops at step 3 and a rerun resumes to step 6: each worker must rebuild
+    # its share of the input at the run's data position (in the chief's checkpoint), or
+    # steps 4-6 differ.
     params = mr.SMALL + ("run_experiment.deterministic = True", "Trainer.log_every_steps = 1",
                          "Trainer.steps_per_loop = 1")
     local_dir, mw_dir, worker_tmp = tmp_path / "local", tmp_path / "mw", tmp_path / "worker_tmp"
@@ -264,13 +265,16 @@ def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir
     assert status == 0, out[-6000:]
     assert local.returncode == 0, local.stderr[-3000:]
     assert _latest_step(mw_dir) == 3
-    assert list((mw_dir / "checkpoints" / "data" / "2-workers" / "worker-1").glob("step-3.index"))
+    assert not (mw_dir / "checkpoints" / "data").exists()  # no per-worker data files
     second = clusters(["--workers=2"], _main_program(tmp_path, mw_dir, params + MULTI_WORKER,
                                                      ["--mode=train", "--allow_config_change"]),
                       data_dir, tmpdir=worker_tmp)
     status, out = second.wait(timeout=400)
     assert status == 0, out[-6000:]
-    assert "[worker 0] resuming from step 3" in out and "could not read its data position" not in out
+    assert "[worker 0] resuming from step 3" in out
+    for worker in (0, 1):
+        assert (f"[worker {worker}] expframe: data position carried over: 3 global batches, 48 examples consumed; "
+                "the input restarts at global example 48") in out, out[-6000:]
 
     mw_rows, local_rows = mr.metrics(mw_dir, "train"), mr.metrics(local_dir, "train")
     assert [r["step"] for r in mw_rows] == [r["step"] for r in local_rows] == list(range(1, 7))
@@ -278,8 +282,7 @@ def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir
     np.testing.assert_allclose(mw_losses, local_losses, rtol=1e-5, atol=1e-5)
     assert len(set(np.round(local_losses, 5))) > 1, "losses did not change: nothing was trained"
     assert "target 'multi_worker', 2 replica(s)" in out
-    # Only the chief (worker 0) printed progress and wrote the model_dir, apart from
-    # worker 1's data positions under checkpoints/data/.
+    # Only the chief (worker 0) printed progress and wrote the model_dir.
     assert "[worker 0] step 6/6" in out and "[worker 1] step" not in out
     assert json.loads((mw_dir / "result.json").read_text())["target"] == "multi_worker"
     assert sorted(p.name for p in mw_dir.iterdir()) == sorted(p.name for p in local_dir.iterdir())

@@ -134,15 +134,16 @@ class DistributedInput:
         with tf.device("/cpu:0"):
             return iter(self.dataset)
 
-    def dataset_at(self, batches: int, examples: int) -> Tuple[tf.data.Dataset, str]:
-        """The stacked batches from a position on, and how it was reached (for the log)."""
+    def dataset_at(self, batches: int, examples: int) -> Tuple[tf.data.Dataset, bool]:
+        """The stacked batches from a position on, and whether by index (else by skipping).
+
+        Built anew by input_fn either way: a second iterator over `self.dataset` would
+        see another order where the pipeline reshuffles on each iteration."""
         if self.index_based:
-            dataset, _ = self._build(examples)
-            return dataset, f"index-based: the input restarts at global example {examples:,}"
+            return self._build(examples)[0], True
+        dataset, _ = self._build(0)
         with tf.device("/cpu:0"):
-            dataset = self.dataset.skip(batches)
-        return dataset, (f"re-derived: input_fn does not read ctx.start_example, so it restarts from "
-                         f"its beginning and skips the {batches:,} batches already consumed")
+            return dataset.skip(batches), False
 
     @property
     def local_replicas(self) -> int:
@@ -177,16 +178,12 @@ class DistributedIterator(tf.Module):
         super().__init__(name="distributed_iterator")
         self._source = source
         self.position = InputPosition(source.strategy)
-        self._iterator = None
+        with tf.init_scope(), tf.device("/cpu:0"):
+            self._iterator = iter(source.dataset)  # prefetching starts at the first next()
 
     @property
     def iterator(self):
-        """The underlying plain tf.data iterator (made on first use, at `position`)."""
-        if self._iterator is None:
-            batches, examples, _ = self.position.values()
-            dataset = self._source.dataset if batches == 0 else self._source.dataset_at(batches, examples)[0]
-            with tf.device("/cpu:0"):
-                self._iterator = iter(dataset)
+        """The underlying plain tf.data iterator."""
         return self._iterator
 
     @property
@@ -197,13 +194,18 @@ class DistributedIterator(tf.Module):
         """Rebuilds the input at `position` (restored from a checkpoint, or set) and
         returns one line saying where and how it resumes."""
         batches, examples, replicas = self.position.values()
-        dataset, how = self._source.dataset_at(batches, examples)
-        with tf.device("/cpu:0"):
+        dataset, by_index = self._source.dataset_at(batches, examples)
+        with tf.init_scope(), tf.device("/cpu:0"):
             self._iterator = iter(dataset)
         now = self._source.strategy.num_replicas_in_sync
         self.position.replicas.assign(now)
         moved = f" (counted on {replicas} replicas, continuing on {now})" if replicas != now else ""
-        return f"data position: {batches:,} global batches, {examples:,} examples consumed{moved}; {how}"
+        where = f"{batches:,} global batches, {examples:,} examples consumed{moved}"
+        if by_index:
+            return (f"data position carried over: {where}; the input restarts at global example {examples:,} "
+                    "(index-based: nothing is read twice)")
+        return (f"data position re-derived: {where}; input_fn does not read ctx.start_example, so it restarts "
+                f"from its beginning and skips the {batches:,} batches already consumed")
 
     def get_next(self) -> Any:
         """The next batch for every replica (a PerReplica structure)."""

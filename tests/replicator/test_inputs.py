@@ -93,9 +93,9 @@ class InputPositionTest(support.TestCase):
         resumed = iter(rep.distribute(indexed_input, GLOBAL_BATCH))
         tf.train.Checkpoint(data=resumed.position).read(prefix).assert_consumed()
         message = resumed.restart()
-        self.assertIn(f"3 global batches, {3 * GLOBAL_BATCH} examples consumed (counted on {before} replicas, "
-                      f"continuing on {after})", message)
-        self.assertIn(f"index-based: the input restarts at global example {3 * GLOBAL_BATCH}", message)
+        self.assertEqual(message, f"data position carried over: 3 global batches, {3 * GLOBAL_BATCH} examples "
+                                  f"consumed (counted on {before} replicas, continuing on {after}); the input "
+                                  f"restarts at global example {3 * GLOBAL_BATCH} (index-based: nothing is read twice)")
         np.testing.assert_array_equal(np.stack(global_batches(rep, resumed, 2)), np.stack(uninterrupted))
         self.assertEqual(resumed.position.values(), (5, 5 * GLOBAL_BATCH, after))
 
@@ -108,8 +108,9 @@ class InputPositionTest(support.TestCase):
         uninterrupted = global_batches(rep, iterator, 3)
         resumed = iter(rep.distribute(plain_input, GLOBAL_BATCH))
         tf.train.Checkpoint(data=resumed.position).read(prefix).assert_consumed()
-        self.assertIn("re-derived: input_fn does not read ctx.start_example, so it restarts from its beginning "
-                      "and skips the 4 batches already consumed", resumed.restart())
+        self.assertEqual(resumed.restart(), "data position re-derived: 4 global batches, 32 examples consumed; "
+                         "input_fn does not read ctx.start_example, so it restarts from its beginning and skips "
+                         "the 4 batches already consumed")
         np.testing.assert_array_equal(np.stack(global_batches(rep, resumed, 3)), np.stack(uninterrupted))
 
     def test_sub_batches_are_not_taken_for_examples(self):
