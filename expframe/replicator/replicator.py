@@ -9,6 +9,7 @@ import tensorflow as tf
 from expframe.errors import ConfigError
 from expframe.replicator import collectives, targets
 from expframe.replicator.inputs import DistributedInput, per_replica
+from expframe.replicator.mesh_target import MeshTarget
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")
 
@@ -79,11 +80,22 @@ class Replicator:
         for 'gpu' (default all); on 'multi_worker', 'parameter_server' and 'tpu' the
         cluster decides, and a value given here is ignored with a logged line (so
         one binding, the target, swaps the hardware).
+      mesh_shape: 'mesh' only: {'batch': b, 'model': m}, a DTensor mesh over b x m
+        devices (GPUs when present, else the 'cpu' target's logical CPUs); data is
+        split over 'batch' (num_replicas = b), kernels of the layers in
+        expframe.layers.tensor_parallel over 'model' (see mesh_target.py).
     """
 
-    def __init__(self, target: str = "cpu", num_replicas: Optional[int] = None):
+    def __init__(self, target: str = "cpu", num_replicas: Optional[int] = None,
+                 mesh_shape: Optional[Dict[str, int]] = None):
         self.target = targets.auto_target() if target == "auto" else target
         self.strategy = targets.make_strategy(self.target, num_replicas)
+        self.mesh_target = None
+        if self.target == "mesh":
+            self.mesh_target = MeshTarget({"batch": 1, "model": 1} if mesh_shape is None else mesh_shape)
+        elif mesh_shape is not None:
+            raise ConfigError(f"Replicator.mesh_shape={mesh_shape!r} is for Replicator.target='mesh' "
+                              f"(the target is {self.target!r}); set the target or drop the binding.")
         self.coordinator = None
         if self.target == "parameter_server":
             self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
@@ -93,7 +105,10 @@ class Replicator:
 
     @property
     def num_replicas(self) -> int:
-        """Replicas in sync: all devices on all workers (1 per worker for parameter_server)."""
+        """Replicas in sync: all devices on all workers (1 per worker for parameter_server;
+        the size of the 'batch' axis on 'mesh')."""
+        if self.mesh_target is not None:
+            return self.mesh_target.num_replicas
         return self.strategy.num_replicas_in_sync
 
     @property
@@ -123,6 +138,10 @@ class Replicator:
         `keras.layers.BatchNormalization`'s moving mean and variance, are kept as one
         copy: their updates in a step are averaged over the replicas.
         """
+        if self.mesh_target is not None:  # the mesh is current: mesh layers create DTensor variables
+            with self.mesh_target.scope():
+                yield
+            return
         with self.strategy.scope():
             if self.strategy.num_replicas_in_sync > 1 and self.coordinator is None:
                 with tf.variable_creator_scope(_one_copy_of_statistics):
@@ -158,6 +177,8 @@ class Replicator:
             raise ConfigError(
                 "Replicator.distribute is for synchronous targets; with 'parameter_server' "
                 "use Replicator.per_worker_iterator(input_fn).")
+        if self.mesh_target is not None:
+            return self.mesh_target.distribute(input_fn, self.num_workers, self.worker_index)
         return DistributedInput(self.strategy, input_fn, self.num_workers, self.worker_index)
 
     def next_from(self, iterator) -> Any:
@@ -183,6 +204,8 @@ class Replicator:
         """
         if self.coordinator is not None:
             return self.coordinator.schedule(step_fn, args=args, kwargs=kwargs)
+        if self.mesh_target is not None:
+            return self.mesh_target.run(step_fn, *args, **kwargs)
         return self.strategy.run(step_fn, args=args, kwargs=kwargs)
 
     def reduce(self, values: Any, op: str = "mean") -> Any:
@@ -193,6 +216,8 @@ class Replicator:
         """
         if op not in _REDUCE_OPS:
             raise ValueError(f"Replicator.reduce op={op!r}: use one of {', '.join(_REDUCE_OPS)}.")
+        if self.mesh_target is not None:  # one SPMD program: its values are already global
+            return self.mesh_target.reduce(values)
         if op in ("sum", "mean"):
             reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
             return tf.nest.map_structure(lambda v: self.strategy.reduce(reduce_op, v, axis=None), values)
@@ -243,6 +268,8 @@ class Replicator:
             self.join()
             fetched = [(n, self.fetch(r)) for n, r in remote]
             return {k: sum(n * float(m[k]) for n, m in fetched) / num_steps for k in fetched[0][1]}
+        if self.mesh_target is not None:
+            return self.mesh_target.run_steps(step_fn, iterator, num_steps)
         if not hasattr(self, "_step_loops"):
             self._step_loops = {}
         loop = self._step_loops.get(step_fn)
@@ -272,6 +299,8 @@ class Replicator:
 
     def local_results(self, value: Any) -> tuple:
         """The values held by this process's replicas, as a tuple."""
+        if self.mesh_target is not None:
+            return (value,)
         return self.strategy.experimental_local_results(value)
 
     def join(self) -> None:

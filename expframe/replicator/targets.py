@@ -16,7 +16,7 @@ from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 from expframe.errors import ConfigError
 from expframe.replicator import cluster
 
-TARGETS = ("cpu", "gpu", "tpu", "multi_worker", "parameter_server", "auto")
+TARGETS = ("cpu", "gpu", "tpu", "multi_worker", "parameter_server", "mesh", "auto")
 
 # How many logical CPU devices the process's CPU is split into the first time a
 # multi-replica `cpu` Replicator is created. TensorFlow allows the split only once,
@@ -262,6 +262,8 @@ def make_strategy(target: str, num_replicas: Optional[int]) -> tf.distribute.Str
         "tpu": _tpu_strategy,
         "multi_worker": _multi_worker_strategy,
         "parameter_server": _parameter_server_strategy,
+        # One SPMD program over a DTensor mesh (mesh_target.py): no tf.distribute replicas.
+        "mesh": lambda _: tf.distribute.get_strategy(),
     }
     return builders[target](num_replicas)
 
