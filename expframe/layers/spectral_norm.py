@@ -20,8 +20,9 @@ trained weight. Here the kernel is never written; only u is.
 
 Replicas: u is a layer weight (checkpointed with the model, `sn_u`). Every replica
 computes the same iteration from the same mirrored kernel and the same u, and
-writes its own copy without any communication, so u stays identical on all
-replicas (tests/layers/test_spectral_norm.py checks it). The kernel is created
+writes its own copy without any communication (u is created under
+`identical_updates()`, so `Replicator.scope()` does not average its updates), so u
+stays identical on all replicas (tests/layers/test_spectral_norm.py checks it). The kernel is created
 with autocast off, so the power iteration runs in float32 under mixed precision;
 the normalised kernel is then cast to the layer's compute dtype.
 
@@ -35,6 +36,7 @@ import keras
 import tensorflow as tf
 
 from expframe.errors import ConfigError
+from expframe.replicator.replicator import identical_updates
 
 
 class _SpectralNormalized(keras.layers.Layer):
@@ -53,9 +55,11 @@ class _SpectralNormalized(keras.layers.Layer):
         self.kernel = self.add_weight(shape=shape, initializer=self.kernel_initializer, name=name,
                                       autocast=False)
         if self.use_sn:
-            # u ~ N(0, 1), as in the official code; its norm does not matter.
-            self.sn_u = self.add_weight(shape=(1, shape[-1]), initializer=keras.initializers.RandomNormal(0.0, 1.0),
-                                        trainable=False, name="sn_u", autocast=False)
+            # u ~ N(0, 1), as in the official code; its norm does not matter. Every replica
+            # writes the same u (see module docstring): no cross-replica average needed.
+            with identical_updates():
+                self.sn_u = self.add_weight(shape=(1, shape[-1]), initializer=keras.initializers.RandomNormal(0.0, 1.0),
+                                            trainable=False, name="sn_u", autocast=False)
 
     def sigma(self, training: bool = False) -> tf.Tensor:
         """The estimate of the kernel's largest singular value (stores u if training)."""

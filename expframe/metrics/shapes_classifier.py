@@ -64,25 +64,25 @@ def build_classifier(image_size: int, num_classes: int, seed: int = 0) -> keras.
     return keras.Model(images, [features, logits], name="shapes_classifier")
 
 
-def _dataset(split, image_size, data_dir, num_train, training, batch, seed):
+def _dataset(split, image_size, data_dir, num_train, num_test, training, batch, seed):
     from expframe.data import shapes  # pylint: disable=import-outside-toplevel
-    ds = shapes.load_shapes(split, size=image_size, data_dir=data_dir, num_train=num_train)
+    ds = shapes.load_shapes(split, size=image_size, data_dir=data_dir, num_train=num_train, num_test=num_test)
     ds = ds.map(lambda ex: (tf.cast(ex["image"], tf.float32) / 127.5 - 1.0, tf.cast(ex["label"], tf.int32)))
     if training:
         ds = ds.cache().shuffle(20_000, seed=seed).repeat()
     return ds.batch(batch, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
 
 
-def _cache_dir(image_size, data_dir, num_train, settings):
+def _cache_dir(image_size, data_dir, num_train, num_test, settings):
     from expframe.data import shapes  # pylint: disable=import-outside-toplevel
-    builder = shapes.Shapes(config=shapes.shapes_config(image_size, num_train), data_dir=data_dir)
+    builder = shapes.Shapes(config=shapes.shapes_config(image_size, num_train, num_test), data_dir=data_dir)
     root = os.path.dirname(os.path.dirname(os.path.dirname(builder.data_dir)))  # <root>/shapes/<config>/<version>
     key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
     return os.path.join(root, "shapes_classifier", f"{builder.builder_config.name}-{builder.info.version}-{key}")
 
 
-def train_classifier(image_size: int, data_dir: Optional[str], num_train: Optional[int], train_steps: int,
-                     batch_size: int, learning_rate: float, seed: int, log=print) -> tuple:
+def train_classifier(image_size: int, data_dir: Optional[str], num_train: Optional[int], num_test: Optional[int],
+                     train_steps: int, batch_size: int, learning_rate: float, seed: int, log=print) -> tuple:
     """Trains the classifier on the train split; returns (model, test accuracy)."""
     from expframe.data import shapes  # pylint: disable=import-outside-toplevel
     model = build_classifier(image_size, shapes.NUM_CLASSES, seed)
@@ -99,12 +99,12 @@ def train_classifier(image_size: int, data_dir: Optional[str], num_train: Option
         return loss
 
     log(f"expframe: training the shapes classifier for FID ({train_steps} steps of {batch_size}, once per data dir)")
-    train = iter(_dataset("train", image_size, data_dir, num_train, True, batch_size, seed))
+    train = iter(_dataset("train", image_size, data_dir, num_train, num_test, True, batch_size, seed))
     for _ in range(train_steps):
         step(*next(train))
     predict = tf.function(lambda x: tf.argmax(model(x, training=False)[1], -1, output_type=tf.int32))
     correct = total = 0
-    for images, labels in _dataset("test", image_size, data_dir, num_train, False, 500, seed):
+    for images, labels in _dataset("test", image_size, data_dir, num_train, num_test, False, 500, seed):
         correct += int(tf.reduce_sum(tf.cast(tf.equal(predict(images), labels), tf.int32)))
         total += int(labels.shape[0])
     return model, correct / max(total, 1)
@@ -115,13 +115,13 @@ class ShapesClassifier(FeatureNetwork):
 
     labels_match_data = True
 
-    def __init__(self, image_size, data_dir, num_train, train_steps, batch_size, learning_rate, seed):
+    def __init__(self, image_size, data_dir, num_train, num_test, train_steps, batch_size, learning_rate, seed):
         from expframe.data import shapes  # pylint: disable=import-outside-toplevel
-        self.image_size, self.data_dir, self.num_train = image_size, data_dir, num_train
-        self.settings = dict(version=VERSION, image_size=image_size, num_train=num_train, train_steps=train_steps,
-                             batch_size=batch_size, learning_rate=learning_rate, seed=seed)
+        self.image_size, self.data_dir, self.num_train, self.num_test = image_size, data_dir, num_train, num_test
+        self.settings = dict(version=VERSION, image_size=image_size, num_train=num_train, num_test=num_test,
+                             train_steps=train_steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed)
         self.num_classes = shapes.NUM_CLASSES
-        self.directory = _cache_dir(image_size, data_dir, num_train, self.settings)
+        self.directory = _cache_dir(image_size, data_dir, num_train, num_test, self.settings)
         self.weights_path = os.path.join(self.directory, "classifier.weights.h5")
         self.name = "shapes_classifier"
         self.test_accuracy = None
@@ -139,8 +139,8 @@ class ShapesClassifier(FeatureNetwork):
             return
         if not self.cached:
             s = self.settings
-            model, accuracy = train_classifier(self.image_size, self.data_dir, self.num_train, s["train_steps"],
-                                               s["batch_size"], s["learning_rate"], s["seed"], log)
+            model, accuracy = train_classifier(self.image_size, self.data_dir, self.num_train, self.num_test,
+                                               s["train_steps"], s["batch_size"], s["learning_rate"], s["seed"], log)
             os.makedirs(self.directory, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp_", suffix=".weights.h5")
             os.close(fd)
@@ -178,7 +178,7 @@ def _atomic_text(path, text):
 
 @gin.configurable
 def shapes_classifier(image_size: int = 32, data_dir: Optional[str] = None, num_train: Optional[int] = None,
-                      train_steps: int = 1000, batch_size: int = 128, learning_rate: float = 2e-3,
+                      num_test: Optional[int] = None, train_steps: int = 1000, batch_size: int = 128, learning_rate: float = 2e-3,
                       seed: int = 0) -> ShapesClassifier:
     """The shapes feature network (see module docstring).
 
@@ -186,8 +186,8 @@ def shapes_classifier(image_size: int = 32, data_dir: Optional[str] = None, num_
       image_size: 32 or 64, as `shapes_input.image_size`.
       data_dir: TFDS data dir (None: $TFDS_DATA_DIR or ~/tensorflow_datasets), as
         `shapes_input.data_dir`.
-      num_train: train examples of the shapes build to use (None: the full 20,000 /
-        10,000), as `shapes_input.num_train`.
+      num_train, num_test: examples of the shapes build to use (None: the full one),
+        as `shapes_input.num_train` / `num_test`.
       train_steps, batch_size, learning_rate (Adam, cosine decay), seed: training.
     """
     if image_size not in (32, 64):
@@ -195,7 +195,7 @@ def shapes_classifier(image_size: int = 32, data_dir: Optional[str] = None, num_
     for name, value in (("train_steps", train_steps), ("batch_size", batch_size)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"shapes_classifier.{name}={value!r} must be a positive integer.")
-    return ShapesClassifier(image_size, data_dir, num_train, train_steps, batch_size, learning_rate, seed)
+    return ShapesClassifier(image_size, data_dir, num_train, num_test, train_steps, batch_size, learning_rate, seed)
 
 
 def main(argv=None) -> int:

@@ -30,7 +30,10 @@ for 32 px they are the SN-GAN CIFAR ResNets: G 256 = 4 x 64 wide, D 128 = 2 x 64
 | 128  | 16; 16, 8, 4, 2, 1 (5 blocks)               | 1 p, 2 p, 4 p, 8 p, 16 p, 16       |
 
 Initialisation as in the official code: Glorot uniform with gain sqrt(2) on the
-residual convs, gain 1 on shortcuts, dense layers and the last conv.
+residual convs, gain 1 on shortcuts, dense layers and the last conv. Unlike the
+official code, the generator has no biases where a batch norm follows (all but the
+last conv's): the norm cancels them, so the function is the same, and their
+rounding-noise gradients are not turned into steps of size ~lr by Adam.
 
 Example:
     g = sngan_generator(image_size=32, num_classes=10, ch=16)
@@ -39,6 +42,7 @@ Example:
     scores = d([images, labels], training=True)  # [B]
 """
 
+import functools
 from typing import Optional, Sequence
 
 import gin
@@ -80,10 +84,12 @@ class GeneratorBlock(keras.layers.Layer):
         super().__init__(**kwargs)
         self.filters, self.num_classes, self.use_sn = filters, num_classes, use_sn
         self.bn1 = ConditionalBatchNorm(num_classes, name="bn1")
-        self.conv1 = SNConv2D(filters, 3, use_sn=use_sn, kernel_initializer=_residual_init(), name="conv1")
+        # No biases: every output here feeds a batch norm, which would cancel them.
+        conv = functools.partial(SNConv2D, use_sn=use_sn, use_bias=False)
+        self.conv1 = conv(filters, 3, kernel_initializer=_residual_init(), name="conv1")
         self.bn2 = ConditionalBatchNorm(num_classes, name="bn2")
-        self.conv2 = SNConv2D(filters, 3, use_sn=use_sn, kernel_initializer=_residual_init(), name="conv2")
-        self.shortcut = SNConv2D(filters, 1, use_sn=use_sn, name="shortcut")
+        self.conv2 = conv(filters, 3, kernel_initializer=_residual_init(), name="conv2")
+        self.shortcut = conv(filters, 1, name="shortcut")
 
     def build(self, input_shape):
         x_shape, y_shape = input_shape
@@ -190,7 +196,7 @@ def sngan_generator(image_size: int, num_classes: int, ch: int = 64, z_dim: int 
     widths = [m * ch for m in multiples]
     z = keras.Input((z_dim,), name="z")
     labels = keras.Input((), dtype="int32", name="labels")
-    h = SNDense(BOTTOM_WIDTH * BOTTOM_WIDTH * widths[0], use_sn=spectral_norm, name="dense")(z)
+    h = SNDense(BOTTOM_WIDTH * BOTTOM_WIDTH * widths[0], use_sn=spectral_norm, use_bias=False, name="dense")(z)
     h = keras.layers.Reshape((BOTTOM_WIDTH, BOTTOM_WIDTH, widths[0]))(h)
     for i, width in enumerate(widths[1:], start=1):
         h = GeneratorBlock(width, num_classes, use_sn=spectral_norm, name=f"block{i}")([h, labels])

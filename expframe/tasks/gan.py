@@ -175,19 +175,25 @@ class GANTask(Task):
 
     # -- training ------------------------------------------------------------------------
 
-    def _real(self, split, ctx, training, batch=None):
-        per_replica = ctx.get_per_replica_batch_size(batch or self.global_batch_size)
-        dataset = self._dataset_fn(split=split, ctx=ctx, batch_size=per_replica, training=training,
-                                   seed=self.seed, deterministic=self.deterministic)
+    def _check_images(self, dataset):
         shape = tuple(dataset.element_spec["image"].shape[1:])
         if shape != (self.image_size, self.image_size, 3):
             raise xf.ConfigError(f"GANTask.dataset gives images of shape {shape}, not ({self.image_size}, "
                                  f"{self.image_size}, 3): bind the dataset's image_size to GANTask.image_size.")
         return dataset
 
+    def _metric_input(self, ctx, batch):
+        return self._check_images(self._dataset_fn(
+            split=self.metric_split, ctx=ctx, batch_size=ctx.get_per_replica_batch_size(batch), training=True,
+            seed=self.eval_seed, deterministic=self.deterministic))
+
     def train_input_fn(self, ctx):
-        return gan_inputs.train_elements(self._real(self.train_split, ctx, True), ctx, self.disc_steps,
-                                         self.global_batch_size, self.z_dim, self.num_classes, self.seed)
+        def real(real_ctx, per_replica):
+            return self._check_images(self._dataset_fn(
+                split=self.train_split, ctx=real_ctx, batch_size=per_replica, training=True, seed=self.seed,
+                deterministic=self.deterministic))
+        return gan_inputs.train_elements(real, ctx, self.disc_steps, self.global_batch_size, self.z_dim,
+                                         self.num_classes, self.seed)
 
     def _discriminator_step(self, real, labels, z, fake_labels):
         fake = self.generator([z, fake_labels], training=True)
@@ -226,10 +232,13 @@ class GANTask(Task):
     # of the step would only add tracing time.
     @tf.autograph.experimental.do_not_convert
     def train_step(self, batch) -> Dict[str, tf.Tensor]:
+        d = self.disc_steps
+        sub = {k: tf.reshape(batch[k], [d, -1] + batch[k].shape.as_list()[1:])
+               for k in ("image", "label", "fake_z", "fake_label")}  # [d * b, ...] -> [d, b, ...]
         d_losses, d_reals, d_fakes = [], [], []
-        for j in range(self.disc_steps):  # unrolled: each update syncs replicas
-            loss, d_real, d_fake = self._discriminator_step(batch["image"][j], batch["label"][j],
-                                                            batch["fake_z"][j], batch["fake_label"][j])
+        for j in range(d):  # unrolled: each update syncs replicas
+            loss, d_real, d_fake = self._discriminator_step(sub["image"][j], sub["label"][j],
+                                                            sub["fake_z"][j], sub["fake_label"][j])
             d_losses.append(loss), d_reals.append(d_real), d_fakes.append(d_fake)
         g_loss = self._generator_step(batch["gen_z"], batch["gen_label"])
         if self.generator_ema is not None:
@@ -263,8 +272,7 @@ class GANTask(Task):
             return None
         pipeline, batch, n = self._pipeline(), runner.global_batch_size, self.num_eval_samples
         if self._real_stats is None:  # the real images do not change: once per process
-            real = pipeline.collect(lambda ctx: self._real(self.metric_split, ctx, True, batch), self._real_images,
-                                    n, batch)
+            real = pipeline.collect(lambda ctx: self._metric_input(ctx, batch), self._real_images, n, batch)
             self._real_stats = statistics(real["features"])
         steps = -(-n // batch)
         fake = pipeline.collect(

@@ -13,6 +13,8 @@ replica keeping its own rows; so every global step sees the same real images, th
 same noise and the same fake labels on 1 or N replicas.
 """
 
+from typing import Callable
+
 import gin
 import tensorflow as tf
 
@@ -36,12 +38,37 @@ def global_rows(seed, stream, step, global_batch, first_row, rows, z_dim=None, n
     return values[first_row:first_row + rows]
 
 
-def train_elements(real: tf.data.Dataset, ctx: tf.distribute.InputContext, disc_steps: int, global_batch: int,
-                   z_dim: int, num_classes: int, seed: int) -> tf.data.Dataset:
+class _RealContext(tf.distribute.InputContext):
+    """The InputContext given to the dataset function of the real images: where the real
+    stream starts (`start_example`), and whether the dataset read it."""
+
+    def __init__(self, ctx: tf.distribute.InputContext, start_example: int):
+        super().__init__(ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync)
+        self._start_example = start_example
+        self.start_read = False
+
+    @property
+    def start_example(self) -> int:
+        self.start_read = True
+        return self._start_example
+
+
+def train_elements(dataset_fn: Callable[[tf.distribute.InputContext, int], tf.data.Dataset],
+                   ctx: tf.distribute.InputContext, disc_steps: int, global_batch: int, z_dim: int,
+                   num_classes: int, seed: int) -> tf.data.Dataset:
     """Per-replica train elements of a GAN step (see module docstring).
 
+    Resuming. Each element (one train step) holds `disc_steps * global_batch` real
+    examples over all replicas, and says so (`ctx.get_per_replica_batch_size` is
+    asked for that many last), so a run's data position counts real examples. The
+    input starts at `ctx.start_example` (0 if the context has none): the noise at
+    the step it gives, the real images at that example, by index if the dataset
+    reads `start_example` (as `shapes_input` does), else by skipping the batches
+    already consumed (exact for a deterministic dataset, slower).
+
     Args:
-      real: repeated per-replica batches {"image", "label"} of size global_batch / replicas.
+      dataset_fn: `fn(ctx, per_replica_batch)` -> repeated per-replica batches
+        {"image", "label"}, ctx carrying the real stream's `start_example`.
       ctx: this input pipeline's InputContext.
       disc_steps: discriminator steps per element.
       global_batch: examples per sub-batch over all replicas.
@@ -49,18 +76,28 @@ def train_elements(real: tf.data.Dataset, ctx: tf.distribute.InputContext, disc_
       seed: the run's seed.
 
     Returns:
-      Elements {"image" [d, b, H, W, 3], "label" [d, b], "fake_z" [d, b, z_dim],
-      "fake_label" [d, b], "gen_z" [b, z_dim], "gen_label" [b]}.
+      Elements {"image" [d * b, H, W, 3], "label" [d * b], "fake_z" [d * b, z_dim],
+      "fake_label" [d * b], "gen_z" [b, z_dim], "gen_label" [b]} (sub-batch j is
+      rows j * b .. (j + 1) * b - 1).
     """
     local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-    b = global_batch // ctx.num_replicas_in_sync
-    real = real.map(lambda ex: {"image": ex["image"], "label": tf.cast(ex["label"], tf.int32)})
+    b = ctx.get_per_replica_batch_size(global_batch)
+    per_step = disc_steps * global_batch
+    start = int(getattr(ctx, "start_example", 0))
+    first_step = start // per_step
+    real_ctx = _RealContext(ctx, first_step * per_step)
+    real = dataset_fn(real_ctx, b)
+    if first_step and not real_ctx.start_read:  # re-derive: skip what the steps consumed
+        real = real.skip(first_step * disc_steps * local)
+    real = real.map(lambda ex: dict(ex, label=tf.cast(ex["label"], tf.int32)))
     real = real.batch(disc_steps * local, drop_remainder=True)
 
-    def deal(group):  # [d * local, b, ...] -> local elements [d, b, ...], replica order
+    def deal(group):  # [d * local, b, ...] -> local elements [d * b, ...], replica order
         def one(t):
-            t = tf.reshape(t, [disc_steps, local] + t.shape.as_list()[1:])
-            return tf.transpose(t, [1, 0] + list(range(2, t.shape.rank)))
+            rest = t.shape.as_list()[2:]
+            t = tf.reshape(t, [disc_steps, local, b] + rest)
+            t = tf.transpose(t, [1, 0] + list(range(2, t.shape.rank)))
+            return tf.reshape(t, [local, disc_steps * b] + rest)
         return tf.nest.map_structure(one, group)
 
     real = real.map(deal).unbatch()
@@ -70,14 +107,18 @@ def train_elements(real: tf.data.Dataset, ctx: tf.distribute.InputContext, disc_
         first = (ctx.input_pipeline_id * local + tf.cast(replica, tf.int32)) * b
         steps = [element * disc_steps + j for j in range(disc_steps)]
         out = dict(example)
-        out["fake_z"] = tf.stack([global_rows(seed, _FAKE_Z, t, global_batch, first, b, z_dim=z_dim) for t in steps])
-        out["fake_label"] = tf.stack([global_rows(seed, _FAKE_LABEL, t, global_batch, first, b,
-                                                  num_classes=num_classes) for t in steps])
+        out["fake_z"] = tf.concat([global_rows(seed, _FAKE_Z, t, global_batch, first, b, z_dim=z_dim)
+                                   for t in steps], axis=0)
+        out["fake_label"] = tf.concat([global_rows(seed, _FAKE_LABEL, t, global_batch, first, b,
+                                                   num_classes=num_classes) for t in steps], axis=0)
         out["gen_z"] = global_rows(seed, _GEN_Z, element, global_batch, first, b, z_dim=z_dim)
         out["gen_label"] = global_rows(seed, _GEN_LABEL, element, global_batch, first, b, num_classes=num_classes)
         return out
 
-    return tf.data.Dataset.zip(real, tf.data.Dataset.counter()).map(add_noise, num_parallel_calls=tf.data.AUTOTUNE)
+    elements = tf.data.Dataset.zip(real, tf.data.Dataset.counter(first_step * local))
+    # Declares the real examples per element (the data position counts them).
+    ctx.get_per_replica_batch_size(per_step)
+    return elements.map(add_noise, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def sample_inputs(ctx: tf.distribute.InputContext, num_global_batches: int, global_batch: int, z_dim: int,

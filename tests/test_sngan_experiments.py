@@ -1,0 +1,159 @@
+"""The SN-GAN experiments through main.py (experiments/sngan_*.gin).
+
+`sngan_shapes.gin` runs on 2 CPU replicas, shrunk by bindings: it writes FID, IS and
+the samples' class accuracy into metrics.jsonl, sample grids and TensorBoard images;
+killed with SIGKILL and rerun, it continues both networks, both optimizers and the
+moving average exactly (deterministic mode). The ImageNet files run on TFDS mock data
+with a small stand-in for the Inception graph (tests/metrics/test_feature_networks.py);
+the pod variants differ from the base by the global batch only, and each runs a step.
+"""
+
+import glob
+import json
+import os
+import signal
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from expframe import config, plot
+from tests import main_runner as mr
+from tests.metrics.test_feature_networks import write_standin_graph
+
+SHAPES = "experiments/sngan_shapes.gin"
+IMAGENET = "experiments/sngan_imagenet128.gin"
+PODS = {f"experiments/sngan_imagenet128_pod{b}.gin": b for b in (256, 1024, 2048)}
+
+# Tiny networks, the session's small shapes build, a classifier trained for a few steps.
+SHAPES_SMALL = (
+    "shapes_input.num_train = 512", "shapes_input.num_test = 64", "shapes_classifier.num_train = 512",
+    "shapes_classifier.num_test = 64", "shapes_classifier.train_steps = 10", "shapes_classifier.batch_size = 32",
+    "sngan_generator.ch = 2", "sngan_generator.z_dim = 8", "sngan_discriminator.ch = 1",
+    "GANTask.num_eval_samples = 16", "GANTask.inception_splits = 2", "GANTask.grid_columns = 3",
+    "GANTask.ema_start_step = 0", "Trainer.global_batch_size = 8", "Trainer.train_steps = 12",
+    "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1", "Trainer.eval_every_steps = 6",
+    "Trainer.checkpoint_every_steps = 4", "run_experiment.deterministic = True")
+# ImageNet: mock data, the real 128x128 architecture at width 1, 2 discriminator steps.
+IMAGENET_SMALL = (
+    "imagenet_input.use_mock = True", "imagenet_input.mock_num_examples = 16",
+    "gan_imagenet_input.shuffle_buffer_size = 16", "sngan_generator.ch = 1", "sngan_generator.z_dim = 8",
+    "sngan_discriminator.ch = 1", "GANTask.disc_steps = 2", "GANTask.num_eval_samples = 8",
+    "GANTask.inception_splits = 2", "GANTask.grid_classes = 2", "GANTask.grid_columns = 2",
+    "Trainer.global_batch_size = 4", "Trainer.train_steps = 2", "Trainer.steps_per_loop = 1",
+    "Trainer.log_every_steps = 1", "Trainer.checkpoint_every_steps = 2")
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inception") / "classify_image_graph_def.pb"
+    write_standin_graph(str(path))
+    return str(path)
+
+
+def _checkpoint(model_dir):
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+    names = sorted(n for n in reader.get_variable_to_shape_map() if not n.startswith("_CHECKPOINTABLE"))
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def _latest_step(model_dir):
+    return int(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).rsplit("-", 1)[1])
+
+
+def test_shapes_runs_writes_metrics_and_grids_and_resumes_exactly_after_sigkill(data_dir, tmp_path):
+    straight = tmp_path / "straight"
+    done = mr.run([SHAPES], straight, data_dir, SHAPES_SMALL, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((straight / "result.json").read_text())
+    assert (result["step"], result["target"], result["num_replicas"], result["global_batch_size"]) == (12, "cpu", 2, 8)
+    evals = mr.metrics(straight, "eval")
+    assert [r["step"] for r in evals] == [6, 12]
+    for row in evals:
+        assert np.isfinite(row["fid"]) and row["fid"] > 0
+        assert 1.0 <= row["inception_score"] <= 10.0 and 0.0 <= row["sample_accuracy"] <= 1.0
+    train = mr.metrics(straight, "train")
+    assert len(train) == 12 and all(np.isfinite(r["loss"]) and np.isfinite(r["d_loss"]) for r in train)
+    assert train[0]["examples_per_sec"] > 0
+    for step in (6, 12):
+        assert (straight / "samples" / f"step_{step}.png").is_file()
+    assert glob.glob(str(straight / "eval" / "events.out.tfevents.*"))
+    operative = (straight / "operative_config.gin").read_text()
+    assert "sngan_generator.ch = 2" in operative and "Trainer.global_batch_size = 8" in operative
+    state = _checkpoint(straight)
+    for part in ("generator/", "discriminator/", "generator_optimizer/", "discriminator_optimizer/",
+                 "generator_ema/"):
+        assert any(n.startswith(part) for n in state), part
+    assert any("sn_u" in n for n in state) and any("moving_mean" in n for n in state)
+    # The curves plot shows the GAN's eval metrics.
+    out = plot.plot_runs([str(straight)], out=str(tmp_path / "curves.png"))
+    assert os.path.getsize(out) > 0
+
+    killed = tmp_path / "killed"
+    proc = mr.start([SHAPES], killed, data_dir, SHAPES_SMALL)
+    mr.wait_for_line(proc, "step 5/12", timeout=600)
+    proc.send_signal(signal.SIGKILL)  # at the latest during the evaluation at step 6
+    proc.wait(timeout=60)
+    assert _latest_step(killed) == 4
+    resumed = mr.run([SHAPES], killed, data_dir, SHAPES_SMALL, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming from step 4" in resumed.stdout
+    assert _latest_step(killed) == 12
+    after = _checkpoint(killed)
+    assert after.keys() == state.keys()
+    for name in state:
+        np.testing.assert_allclose(after[name], state[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    timeless = lambda rows: [{k: v for k, v in r.items() if k != "examples_per_sec"} for r in rows]  # noqa: E731
+    assert timeless(mr.metrics(killed)) == timeless(mr.metrics(straight))
+
+
+def test_imagenet128_runs_on_mock_data_with_the_standin_inception_graph(tmp_path, graph):
+    model_dir = tmp_path / "run"
+    done = mr.run([IMAGENET], model_dir, tmp_path / "tfds",
+                  IMAGENET_SMALL + (f"inception_network.graph_path = '{graph}'",), timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((model_dir / "result.json").read_text())
+    assert result["step"] == 2 and result["global_batch_size"] == 4
+    assert np.isfinite(result["eval"]["fid"]) and result["eval"]["inception_score"] >= 1.0
+    assert "sample_accuracy" not in result["eval"]  # Inception's 1008 classes are not the data's
+    assert (model_dir / "samples" / "step_2.png").is_file()
+    operative = (model_dir / "operative_config.gin").read_text()
+    assert "GANTask.image_size = 128" in operative and "GANTask.num_classes = 1000" in operative
+
+
+@pytest.mark.parametrize("path", sorted(PODS))
+def test_pod_variant_differs_by_the_global_batch_and_runs(path, tmp_path, graph, monkeypatch):
+    monkeypatch.chdir(mr.ROOT)
+    config.parse([IMAGENET], [])
+    base = gin.config_str()
+    config.parse([path], [])
+    assert gin.query_parameter("Trainer.global_batch_size") == PODS[path]
+    pod = gin.config_str().replace(f"Trainer.global_batch_size = {PODS[path]}", "Trainer.global_batch_size = 64")
+    assert pod == base
+    gin.clear_config()
+    # A train step through main.py (at 32 px: the 128 px networks ran above).
+    model_dir = tmp_path / "run"
+    done = mr.run([path], model_dir, tmp_path / "tfds",
+                  IMAGENET_SMALL + (f"inception_network.graph_path = '{graph}'", "GANTask.image_size = 32",
+                                    "imagenet_input.image_size = 32", "Trainer.train_steps = 1"),
+                  extra=["--mode=train"], timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _latest_step(model_dir) == 1
+
+
+def test_missing_inception_graph_is_a_config_error_naming_the_binding(tmp_path):
+    model_dir = tmp_path / "run"
+    done = mr.run([IMAGENET], model_dir, tmp_path / "tfds",
+                  IMAGENET_SMALL + ("inception_network.graph_path = '/nonexistent/classify_image_graph_def.pb'",))
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "inception_network.graph_path='/nonexistent/classify_image_graph_def.pb'" in lines[0]
+    assert not model_dir.exists()
