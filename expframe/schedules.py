@@ -16,8 +16,9 @@ no update); Goyal et al. start from the unscaled base rate: set it to
 
 One source of truth for the batch. In a run, the task builds its optimizer inside
 `training_run(examples_per_update, examples_per_epoch)`, and a WarmupSchedule built
-there takes `global_batch_size` from the run (`Trainer.global_batch_size`) and
-`steps_per_epoch` = train examples // global batch. Change the trainer's batch and
+there takes `global_batch_size` from the run (`Trainer.global_batch_size`, times
+`wrap_optimizer.accumulate_steps`: the examples of one optimizer update) and
+`steps_per_epoch` = train examples // that batch. Change the trainer's batch and
 the peak rate and the epoch boundaries follow. Binding either value in gin as well
 is allowed only if it agrees with the run (else a ConfigError: exit 2).
 
@@ -55,7 +56,8 @@ def training_run(global_batch_size: int,
     """Schedules built inside take the run's batch and epoch size (see module docstring).
 
     Args:
-      global_batch_size: examples per optimizer update over all replicas.
+      global_batch_size: examples per optimizer update over all replicas
+        (`Trainer.global_batch_size` x `wrap_optimizer.accumulate_steps`).
       examples_per_epoch: examples in one pass over the train data, or a function that
         counts them (called only if a schedule needs it; it may return None: unknown).
     """
@@ -78,9 +80,9 @@ def _from_run(global_batch_size: Optional[int], steps_per_epoch: Optional[int]):
         return global_batch_size, steps_per_epoch
     if global_batch_size is not None and global_batch_size != run.global_batch_size:
         raise ConfigError(
-            f"WarmupSchedule.global_batch_size={global_batch_size!r} but the run's global batch is "
-            f"{run.global_batch_size} (Trainer.global_batch_size): remove the WarmupSchedule binding, "
-            "the schedule takes the trainer's batch.")
+            f"WarmupSchedule.global_batch_size={global_batch_size!r} but the run takes {run.global_batch_size} "
+            "examples per optimizer step (Trainer.global_batch_size x wrap_optimizer.accumulate_steps): "
+            "remove the WarmupSchedule binding, the schedule takes the run's.")
     global_batch_size = run.global_batch_size
     if steps_per_epoch is not None and not isinstance(steps_per_epoch, int):
         return global_batch_size, steps_per_epoch  # the range check below names it

@@ -128,8 +128,8 @@ class TrainingRunTest(TestCase):
 
     def test_a_mismatch_with_the_run_is_a_config_error(self):
         with training_run(8, 64):
-            with self.assertRaisesRegex(ConfigError, r"WarmupSchedule.global_batch_size=1024 but the run's "
-                                                     r"global batch is 8 \(Trainer.global_batch_size\)"):
+            with self.assertRaisesRegex(ConfigError, r"WarmupSchedule.global_batch_size=1024 but the run takes 8 "
+                                                     r"examples per optimizer step \(Trainer.global_batch_size"):
                 WarmupSchedule(global_batch_size=1024)
             with self.assertRaisesRegex(ConfigError, r"WarmupSchedule.steps_per_epoch=1251 but the train data "
                                                      r"holds 64 examples, 8 steps"):
@@ -160,6 +160,10 @@ class TrainingRunTest(TestCase):
         self.assertAllClose(large.peak_learning_rate, 0.1 * 16 / 256)
         self.assertAllClose(_lr(large, 5 * 4), 0.1 * 16 / 256)  # warm-up ends after 5 epochs of 4 steps
         gin.clear_config()
+        # With accumulation an update takes k micro-batches: the schedule counts k x the batch.
+        accumulated = self._schedule_built_by_the_task(["wrap_optimizer.accumulate_steps = 2"])
+        self.assertEqual((accumulated.global_batch_size, accumulated.steps_per_epoch), (16, 64 // 16))
+        gin.clear_config()
         with self.assertRaisesRegex(ConfigError,
-                                    "WarmupSchedule.global_batch_size=1024 but the run's global batch is 8"):
+                                    "WarmupSchedule.global_batch_size=1024 but the run takes 8 examples"):
             self._schedule_built_by_the_task(["WarmupSchedule.global_batch_size = 1024"])

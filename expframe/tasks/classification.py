@@ -46,8 +46,10 @@ class ClassificationTask(Task):
         self.model = self._model_fn()
         self.num_classes = int(self.model.output_shape[-1])
         # A learning-rate schedule built here takes the run's batch and epoch size
-        # (expframe/schedules.py): the trainer's batch is the one source of truth.
-        with schedules.training_run(self.examples_per_step, self.train_examples):
+        # (expframe/schedules.py): the trainer's batch is the one source of truth. An
+        # optimizer update takes k micro-batches with wrap_optimizer.accumulate_steps = k.
+        accumulate = gin.get_bindings(xf.wrap_optimizer).get("accumulate_steps", 1)
+        with schedules.training_run(self.examples_per_step * accumulate, self.train_examples):
             self.optimizer = xf.wrap_optimizer(self._optimizer_fn())
         self.optimizer.build(self.model.trainable_variables)
         self._decayed = [v for v in self.model.trainable_variables if len(v.shape) >= 2]
