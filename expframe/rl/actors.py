@@ -145,7 +145,8 @@ class SynchronousActor:
         self._episode_return = 0.0
         self.env_steps = 0
         self.episodes = 0
-        self.acting_time = 0.0      # seconds spent in run()
+        self.acting_time = 0.0      # seconds spent in run() in this process
+        self.timed_steps = 0        # environment steps taken in those seconds
         self._finished: List[float] = []  # returns of episodes ended since the last read
 
     def update(self, weights: Sequence[np.ndarray]) -> None:
@@ -176,6 +177,7 @@ class SynchronousActor:
                 self._finished.append(self._episode_return)
                 self._observation = None
         self.acting_time += time.perf_counter() - started
+        self.timed_steps += num_steps
 
     def finished_returns(self) -> List[float]:
         """Returns of the episodes that ended since the last call."""

@@ -298,7 +298,7 @@ class D4PGTask(Task):
         self._timed_calls += 1
         metrics = {"env_steps": float(self.actor.env_steps), "episodes": float(self.actor.episodes),
                    "replay_size": float(self.replay.size),
-                   "env_steps_per_sec": self.actor.env_steps / max(self.actor.acting_time, 1e-9)}
+                   "env_steps_per_sec": self.actor.timed_steps / max(self.actor.acting_time, 1e-9)}
         if self._learner_steps_timed:
             metrics["learner_steps_per_sec"] = self._learner_steps_timed / max(self._learner_time, 1e-9)
         if self._recent_returns:

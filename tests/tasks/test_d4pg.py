@@ -1,0 +1,161 @@
+"""The D4PG learner: 1 and 2 replicas give the same weights (deterministic mode), target copies,
+TD errors become priorities, the acting state round-trips through a checkpoint, evaluation."""
+
+import functools
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import config as tf_config  # disable_op_determinism is not public
+
+import expframe as xf
+from expframe.models.d4pg import d4pg_critic, d4pg_policy
+from expframe.rl import losses
+from expframe.rl.environments import control_suite
+from expframe.tasks.d4pg import D4PGTask
+from tests.support import TestCase
+
+BATCH = 32
+
+
+def _task(**overrides):
+    kwargs = dict(environment=functools.partial(control_suite, name="cartpole/balance"),
+                  policy_network=functools.partial(d4pg_policy, layer_sizes=(32, 16)),
+                  critic_network=functools.partial(d4pg_critic, layer_sizes=(32, 16), num_atoms=11,
+                                                   v_min=-20.0, v_max=20.0),
+                  actor_optimizer=lambda: keras.optimizers.Adam(1e-3),
+                  critic_optimizer=lambda: keras.optimizers.Adam(1e-3),
+                  n_step=3, min_replay_size=200, target_update_period=2, samples_per_insert=8.0, eval_episodes=1)
+    kwargs.update(overrides)
+    return D4PGTask(**kwargs)
+
+
+class _Learner:
+    """What the trainer does around a task: build in scope, distribute the input, host calls."""
+
+    def __init__(self, num_replicas, seed=0, **overrides):
+        keras.utils.set_random_seed(seed)
+        self.rep = xf.Replicator("cpu", num_replicas)
+        self.task = _task(**overrides)
+        self.task.setup(self.rep, BATCH, seed=seed, deterministic=True)
+        with self.rep.scope():
+            self.task.build()
+        iterator = iter(self.rep.distribute(self.task.train_input_fn, BATCH))
+        self.step = 0
+
+        @tf.function
+        def run(n):
+            out = self.rep.reduce(self.rep.run(self.task.train_step, iterator.get_next()), "mean")
+            for _ in tf.range(n - 1):
+                out = self.rep.reduce(self.rep.run(self.task.train_step, iterator.get_next()), "mean")
+            return out
+        self._run = run
+
+    def host_call(self, num_steps):
+        self.task.before_train_steps(self.step, num_steps)
+        out = {k: float(v) for k, v in self._run(tf.constant(num_steps)).items()}
+        self.step += num_steps
+        out.update(self.task.after_train_steps(self.step))
+        return out
+
+    def weights(self):
+        return {name: [np.asarray(w) for w in getattr(self.task, name).get_weights()]
+                for name in ("policy", "critic", "target_policy", "target_critic")}
+
+
+class D4PGLearnerTest(TestCase):
+
+    def test_two_replicas_equal_one_in_deterministic_mode(self):
+        tf.config.experimental.enable_op_determinism()
+        try:
+            results = {}
+            for replicas in (1, 2):
+                learner = _Learner(replicas)
+                initial = learner.weights()
+                # One host call: its 3 batches are drawn before any priority update, so
+                # both replica counts read exactly the same batches.
+                metrics = learner.host_call(3)
+                results[replicas] = (initial, learner.weights(), learner.task.replay.priorities(), metrics)
+                if replicas == 2:
+                    for name in ("policy", "critic", "target_policy", "target_critic"):
+                        for variable in getattr(learner.task, name).weights:
+                            self.assertSameValuePerReplica(learner.rep, variable.value)
+        finally:
+            tf_config.disable_op_determinism()
+        (init1, after1, priorities1, metrics1), (init2, after2, priorities2, metrics2) = results[1], results[2]
+        for name in after1:
+            for a, b in zip(init1[name], init2[name], strict=True):
+                np.testing.assert_array_equal(a, b)
+            for a, b in zip(after1[name], after2[name], strict=True):
+                np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-5, err_msg=name)
+        # The steps moved the networks, and the target copy at step 2 moved the targets.
+        self.assertGreater(max(np.abs(a - b).max() for a, b in zip(init1["critic"], after1["critic"], strict=True)),
+                           1e-3)
+        self.assertGreater(max(np.abs(a - b).max() for a, b in
+                               zip(init1["target_critic"], after1["target_critic"], strict=True)), 1e-4)
+        np.testing.assert_allclose(priorities1, priorities2, rtol=1e-4)
+        self.assertFalse(np.allclose(priorities1, 1.0))
+        self.assertAlmostEqual(metrics1["loss"], metrics2["loss"], places=5)
+        self.assertEqual(metrics1["replay_size"], metrics2["replay_size"])
+
+    def test_target_copies_and_priorities_from_td_errors(self):
+        learner = _Learner(1, samples_per_insert=16.0)
+        task = learner.task
+        initial = learner.weights()
+        task.before_train_steps(0, 1)
+        # The TD errors the step should send back, computed here on the sampled rows with
+        # the initial weights (the step copies them into the targets first).
+        _, rows, _ = task._in_flight  # pylint: disable=protected-access
+        data = {k: tf.constant(v[rows]) for k, v in task.replay.state().items() if k.startswith("data/")}
+        next_logits = task.critic([data["data/next_observation"], task.policy(data["data/next_observation"])])
+        target = losses.categorical_projection(task.support, tf.nn.softmax(next_logits), data["data/reward"],
+                                               data["data/discount"])
+        _, td = losses.categorical_td(task.support, task.critic([data["data/observation"], data["data/action"]]),
+                                      target)
+        learner._run(tf.constant(1))  # pylint: disable=protected-access
+        learner.step = 1
+        task.after_train_steps(1)
+        expected = (np.abs(td.numpy()) + task.replay.epsilon) ** task.replay.alpha
+        np.testing.assert_allclose(task.replay.priorities()[rows], expected, rtol=1e-4)
+        after_one = learner.weights()
+        for a, b in zip(initial["critic"], after_one["target_critic"], strict=True):
+            np.testing.assert_array_equal(a, b)        # copied at step 0, before the update
+        learner.host_call(1)                           # step 1: no copy (period 2)
+        for a, b in zip(initial["policy"], learner.weights()["target_policy"], strict=True):
+            np.testing.assert_array_equal(a, b)
+        before_copy = learner.weights()
+        learner.host_call(1)                           # step 2: copies the weights after 2 updates
+        for a, b in zip(before_copy["policy"], learner.weights()["target_policy"], strict=True):
+            np.testing.assert_array_equal(a, b)
+        # Acting kept pace: min_replay_size + 3 steps * 32 samples / 16 per insert.
+        self.assertEqual(task.actor.env_steps, 200 + 6)
+
+    def test_acting_state_round_trips_through_a_checkpoint(self):
+        learner = _Learner(1)
+        learner.host_call(2)
+        path = tf.train.Checkpoint(**learner.task.trackables()).write(self.get_temp_dir() + "/ckpt")
+        fresh = _Learner(1, seed=5)
+        tf.train.Checkpoint(**fresh.task.trackables()).read(path).assert_consumed()
+        a, b = learner.task, fresh.task
+        self.assertEqual((a.actor.env_steps, a.actor.episodes, a.replay.inserted),
+                         (b.actor.env_steps, b.actor.episodes, b.replay.inserted))
+        for key, value in a.replay.state().items():
+            if key != "rng":
+                np.testing.assert_array_equal(value, b.replay.state()[key], err_msg=key)
+        for x, y in zip(a.replay.sample(16, 0.5)["index"], b.replay.sample(16, 0.5)["index"], strict=True):
+            self.assertEqual(x, y)
+        for name, weights in learner.weights().items():
+            for x, y in zip(weights, fresh.weights()[name], strict=True):
+                np.testing.assert_array_equal(x, y)
+        # (main.py's resume test runs the restored learner on.)
+
+    def test_evaluate_returns_the_noiseless_episode_return(self):
+        learner = _Learner(1)
+        result = learner.task.evaluate(runner=None)
+        self.assertEqual(set(result), {"episode_return"})
+        self.assertTrue(0.0 < result["episode_return"] <= 1000.0)
+
+    def test_bad_values_are_config_errors(self):
+        for binding, value in (("n_step", 0), ("discount", 1.5), ("max_replay_size", 10), ("sigma", -1.0)):
+            with self.assertRaisesRegex(xf.ConfigError, f"D4PGTask.{binding}"):
+                _task(**{binding: value})

@@ -1,0 +1,103 @@
+"""experiments/d4pg_control.gin through main.py: a shrunk run on 2 replicas and its resume,
+an unknown Control Suite task (exit 2), and (slow) learning cartpole/balance to >= 800."""
+
+import json
+import math
+import os
+import time
+
+import gin
+import pytest
+import tensorflow as tf
+
+from expframe import config
+from tests import main_runner as mr
+
+D4PG = "experiments/d4pg_control.gin"
+# Seconds instead of minutes: tiny networks and batch, 8 control steps per environment
+# step (cartpole episodes of 125 steps), 2 replicas to exercise the replicated learner.
+SMALL = ("Replicator.num_replicas = 2", "Trainer.global_batch_size = 16", "Trainer.train_steps = 6",
+         "Trainer.steps_per_loop = 3", "Trainer.log_every_steps = 3", "Trainer.eval_every_steps = None",
+         "Trainer.checkpoint_every_steps = 3", "d4pg_policy.layer_sizes = (16, 16)",
+         "d4pg_critic.layer_sizes = (16, 16)", "control_suite.action_repeat = 8",
+         "D4PGTask.min_replay_size = 50", "D4PGTask.samples_per_insert = 4.0", "D4PGTask.eval_episodes = 1")
+
+
+def test_the_experiment_binds_acmes_defaults(monkeypatch):
+    monkeypatch.chdir(mr.ROOT)
+    config.parse([D4PG], [])
+    try:
+        expected = {"D4PGTask.n_step": 5, "D4PGTask.sigma": 0.3, "D4PGTask.discount": 0.99,
+                    "Trainer.global_batch_size": 256, "d4pg_critic.num_atoms": 51, "d4pg_critic.v_min": -150.0,
+                    "d4pg_critic.v_max": 150.0, "D4PGTask.target_update_period": 100,
+                    "D4PGTask.samples_per_insert": 32.0, "actor/keras.optimizers.Adam.learning_rate": 1e-4,
+                    "critic/keras.optimizers.Adam.learning_rate": 1e-4,
+                    "actor/wrap_optimizer.clip_global_norm": 40.0, "critic/wrap_optimizer.clip_global_norm": 40.0,
+                    "d4pg_policy.layer_sizes": (256, 256, 256), "control_suite.name": "cartpole/balance"}
+        for binding, value in expected.items():
+            assert gin.query_parameter(binding) == value, binding
+    finally:
+        gin.clear_config()
+
+
+def _checkpoint_values(model_dir, prefix):
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+    return [n for n in reader.get_variable_to_shape_map() if n.startswith(prefix)]
+
+
+def test_smoke_run_on_two_replicas_and_resume(tmp_path):
+    model_dir = tmp_path / "run"
+    done = mr.run([D4PG], model_dir, tmp_path, SMALL)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((model_dir / "result.json").read_text())
+    assert (result["step"], result["num_replicas"], result["global_batch_size"]) == (6, 2, 16)
+    assert 0.0 <= result["eval"]["episode_return"] <= 125.0 * 8
+    train = mr.metrics(model_dir, "train")
+    assert [r["step"] for r in train] == [3, 6]
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["actor_loss"]) for r in train)
+    # Acting kept its ratio: 50 before learning, then 16 / 4 environment steps per learner step.
+    assert [r["env_steps"] for r in train] == [50 + 12, 50 + 24]
+    assert train[-1]["env_steps_per_sec"] > 0 and train[-1]["learner_steps_per_sec"] > 0
+    assert 0 < train[-1]["replay_size"] <= train[-1]["env_steps"]
+    assert mr.metrics(model_dir, "eval")[-1]["episode_return"] == result["eval"]["episode_return"]
+    operative = (model_dir / "operative_config.gin").read_text()
+    assert "d4pg_critic.layer_sizes = (16, 16)" in operative and "control_suite.action_repeat = 8" in operative
+    assert _checkpoint_values(model_dir, "acting/"), "the replay is not in the checkpoint"
+    assert _checkpoint_values(model_dir, "target_critic/")
+
+    # Resume to step 9: the replay and counters come back from the checkpoint at step 6.
+    resumed = mr.run([D4PG], model_dir, tmp_path, SMALL + ("Trainer.train_steps = 9",),
+                     extra=["--allow_config_change"])
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert "resuming from step 6" in resumed.stdout
+    last = mr.metrics(model_dir, "train")[-1]
+    assert (last["step"], last["env_steps"]) == (9, 50 + 36)
+    # Everything replayed at step 6 is still there, plus what was acted since (the
+    # episode open at the checkpoint was dropped, so up to n_step - 1 steps fewer).
+    assert last["replay_size"] >= train[-1]["replay_size"] + 12 - 4
+
+
+def test_unknown_task_exits_2_naming_the_valid_ones(tmp_path):
+    model_dir = tmp_path / "run"
+    done = mr.run([D4PG], model_dir, tmp_path, ("control_suite.name = 'cartpole/balanse'",))
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "control_suite.name='cartpole/balanse'" in error[0], done.stderr[-2000:]
+    assert "cartpole/balance" in error[0] and "cartpole/swingup" in error[0]
+    assert not model_dir.exists() or not os.listdir(model_dir)
+
+
+@pytest.mark.slow
+def test_d4pg_control_learns_cartpole_balance(tmp_path):
+    """As shipped: the final evaluation (10 episodes) averages >= 800 of 1000."""
+    model_dir = tmp_path / "run"
+    started = time.time()
+    done = mr.run([D4PG], model_dir, tmp_path, timeout=3600)
+    wall = time.time() - started
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((model_dir / "result.json").read_text())
+    last = mr.metrics(model_dir, "train")[-1]
+    curve = [(r["step"], round(r["episode_return"], 1)) for r in mr.metrics(model_dir, "eval")]
+    print(f"d4pg cartpole/balance: eval {curve}; {wall:.0f} s end to end (training {result['wall_time_s']:.0f} s); "
+          f"{last['learner_steps_per_sec']:.1f} learner steps/s, {last['env_steps_per_sec']:.0f} env steps/s")
+    assert result["eval"]["episode_return"] >= 800.0
