@@ -127,17 +127,22 @@ class HeadParallelAttention(tf.Module):
         self.query, self.key, self.value = (
             mesh.variable(lambda i=i: _glorot(seed + i, width, width)(shape), (None, MODEL, None), name=n)
             for i, n in enumerate(("query", "key", "value")))
-        self.qkv_bias = mesh.variable(lambda: tf.zeros([3, num_heads, self.head_dim]),
-                                      (None, MODEL, None), name="qkv_bias")
+        # Separate biases rather than one stacked [3, heads, head_dim] variable: the gradient
+        # of a slice of a DTensor variable came out wrong after relayout on meshes with
+        # batch > 1 (TF 2.21). No key bias: it adds q.b to every logit of a query, which
+        # softmax cancels, so its gradient is rounding noise that Adam would amplify.
+        self.query_bias, self.value_bias = (
+            mesh.variable(lambda: tf.zeros([num_heads, self.head_dim]), (MODEL, None), name=n)
+            for n in ("query_bias", "value_bias"))
         self.out = mesh.variable(lambda: _glorot(seed + 3, width, width)([num_heads, self.head_dim, width]),
                                  (MODEL, None, None), name="out")
         self.out_bias = mesh.variable(lambda: tf.zeros([width]), (None,), name="out_bias")
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         """x: [batch, tokens, width], whole over `model` -> the same shape and layout."""
-        q = tf.einsum("btd,dhk->bthk", x, self.query) + self.qkv_bias[0]
-        k = tf.einsum("btd,dhk->bthk", x, self.key) + self.qkv_bias[1]
-        v = tf.einsum("btd,dhk->bthk", x, self.value) + self.qkv_bias[2]
+        q = tf.einsum("btd,dhk->bthk", x, self.query) + self.query_bias
+        k = tf.einsum("btd,dhk->bthk", x, self.key)
+        v = tf.einsum("btd,dhk->bthk", x, self.value) + self.value_bias
         logits = tf.einsum("bthk,bshk->bhts", q, k) * (self.head_dim ** -0.5)
         mixed = tf.einsum("bhts,bshk->bthk", tf.nn.softmax(logits, axis=-1), v)
         partial = tf.einsum("bthk,hkd->btd", mixed, self.out)

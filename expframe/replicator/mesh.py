@@ -150,7 +150,7 @@ def variable(initial_value: Callable[[], tf.Tensor], axes: Sequence[Optional[str
 def variable_like(var: tf.Variable, name: Optional[str] = None) -> dtensor.DVariable:
     """A zero DTensor variable with `var`'s shape, dtype and layout (optimizer slots)."""
     var_layout = dtensor.fetch_layout(var)
-    zeros = dtensor.call_with_layout(tf.zeros, var_layout, shape=var.shape, dtype=var.dtype)
+    zeros = dtensor.call_with_layout(tf.zeros, var_layout, shape=var.shape.as_list(), dtype=var.dtype)
     return dtensor.DVariable(zeros, name=name, trainable=False)
 
 

@@ -59,9 +59,8 @@ class MeshAdam(tf.Module):
             raise ValueError("MeshAdam.build: no variables.")
         self._layouts = [dtensor.fetch_layout(v) for v in variables]
         first = self._layouts[0].mesh
-        self.iterations = dtensor.DVariable(
-            dtensor.call_with_layout(tf.zeros, dtensor.Layout.replicated(first, 0), shape=[], dtype=tf.int64),
-            name="iterations", trainable=False)
+        self.iterations = dtensor.DVariable(mesh.put(tf.constant(0, tf.int64), [], first),
+                                            name="iterations", trainable=False)
         names = ("m", "v") if self.beta_2 is not None else ("momentum",)
         self.slots = [[mesh.variable_like(v, name=f"{n}_{i}") for n in names] for i, v in enumerate(variables)]
 
@@ -79,16 +78,21 @@ class MeshAdam(tf.Module):
         t = tf.cast(step, tf.float32)
         for var, grad, slots, var_layout in zip(variables, grads, self.slots, self._layouts, strict=True):
             grad = dtensor.relayout(grad, var_layout)
+            # The new slot values are used as computed, not read back after the assign: a
+            # read after an assign of a DTensor variable on a mesh with batch > 1 saw the
+            # old value for rank-1 variables (TF 2.21), leaving them untrained.
             if self.beta_2 is None:
                 (mom,) = slots
-                mom.assign(self.beta_1 * mom + grad)
-                update = mom
+                update = self.beta_1 * mom + grad
+                mom.assign(update)
             else:
                 m, v = slots
-                m.assign(self.beta_1 * m + (1 - self.beta_1) * grad)
-                v.assign(self.beta_2 * v + (1 - self.beta_2) * tf.square(grad))
-                m_hat = m / (1 - tf.pow(self.beta_1, t))
-                v_hat = v / (1 - tf.pow(self.beta_2, t))
+                m_new = self.beta_1 * m + (1 - self.beta_1) * grad
+                v_new = self.beta_2 * v + (1 - self.beta_2) * tf.square(grad)
+                m.assign(m_new)
+                v.assign(v_new)
+                m_hat = m_new / (1 - tf.pow(self.beta_1, t))
+                v_hat = v_new / (1 - tf.pow(self.beta_2, t))
                 update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
             if self.weight_decay:
                 update = update + self.weight_decay * var

@@ -61,9 +61,10 @@ class TensorParallelTest(TestCase):
         self.assertEqual(mesh.axes_of(mlp.down.kernel), ["model", None])
         self.assertEqual(mesh.shard_shapes(mlp.up.kernel)[0], (16, 32 // model))
         self.assertEqual(mesh.shard_shapes(attention.query)[0], (16, 4 // model, 4))
-        host = {name: mesh.to_host(v) for name, v in
+        host = {name: [mesh.to_host(b) if isinstance(b, tf.Variable) else b for b in v] if isinstance(v, list) else mesh.to_host(v) for name, v in
                 [("q", attention.query), ("k", attention.key), ("v", attention.value),
-                 ("qkv_b", attention.qkv_bias), ("out", attention.out), ("out_b", attention.out_bias)]}
+                 ("qkv_b", [attention.query_bias, 0.0, attention.value_bias]),
+                 ("out", attention.out), ("out_b", attention.out_bias)]}
         want_a = reference_attention(_X, **host).astype(np.float32)
         np.testing.assert_allclose(mesh.to_host(a), want_a, atol=1e-5)
         weights = [mesh.to_host(v) for v in (mlp.up.kernel, mlp.up.bias, mlp.down.kernel, mlp.down.bias)]

@@ -1,0 +1,122 @@
+"""The mesh target: training on meshes 1x1, 2x2, 1x4 and 4x1 gives the same weights;
+slots are split like their variables; checkpoints move between mesh shapes."""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import expframe as xf
+from expframe.errors import ConfigError
+from expframe.models.vit import ViT
+from expframe.replicator import mesh
+from expframe.replicator.mesh_optimizer import MeshAdam
+from tests.support import TestCase
+
+_RNG = np.random.RandomState(0)
+IMAGES = _RNG.rand(10, 8, 8, 8, 3).astype(np.float32)  # 10 steps of batch 8
+LABELS = _RNG.randint(0, 4, size=(10, 8)).astype(np.int32)
+
+
+class Run:
+    """A tiny ViT and MeshAdam on a mesh Replicator, trained by Replicator.run."""
+
+    def __init__(self, batch: int, model: int, drop_reduction: bool = False):
+        self.rep = xf.Replicator(target="mesh", mesh_shape={"batch": batch, "model": model})
+        with self.rep.scope():
+            self.model = ViT(num_classes=4, image_size=8, patch_size=4, width=16, depth=1, num_heads=4,
+                             mlp_dim=32, seed=3)
+            self.opt = MeshAdam(learning_rate=0.01)
+            self.opt.build(self.model.trainable_variables)
+        self.drop_reduction = drop_reduction
+        self.step = tf.function(self._step)
+
+    def _step(self, images, labels):
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            logits = self.model(images)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+        grads = tape.gradient(loss, variables)
+        self.opt.apply(grads, variables)
+        return {"loss": loss}
+
+    def train(self, first: int, last: int) -> list:
+        losses = []
+        for i in range(first, last):
+            out = self.rep.reduce(self.rep.run(self.step, tf.constant(IMAGES[i]), tf.constant(LABELS[i])))
+            losses.append(float(out["loss"]))
+        return losses
+
+    def weights(self) -> dict:
+        return {v.name + str(i): mesh.to_host(v) for i, v in enumerate(self.model.trainable_variables)}
+
+    def checkpoint(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(model=self.model, optimizer=self.opt)
+
+
+class MeshTest(TestCase):
+
+    def test_ten_steps_same_weights_on_every_mesh(self):
+        runs = {shape: Run(*shape) for shape in ((1, 1), (2, 2), (1, 4))}
+        losses = {shape: run.train(0, 10) for shape, run in runs.items()}
+        ref = runs[(1, 1)].weights()
+        before = Run(1, 1).weights()
+        self.assertGreater(max(np.abs(ref[k] - before[k]).max() for k in ref), 1e-3)  # training moved them
+        for shape in ((2, 2), (1, 4)):
+            np.testing.assert_allclose(losses[shape], losses[(1, 1)], atol=1e-5)
+            got = runs[shape].weights()
+            for name, value in ref.items():
+                np.testing.assert_allclose(got[name], value, atol=1e-5, err_msg=f"{shape} {name}")
+        # Memory: on 1x4 each device holds a quarter of each split kernel and of its slots.
+        run = runs[(1, 4)]
+        mlp = run.model.blocks[0].mlp
+        index = {id(v): i for i, v in enumerate(run.model.trainable_variables)}
+        for kernel, quarter in ((mlp.up.kernel, (16, 8)), (mlp.down.kernel, (8, 16)),
+                                (run.model.blocks[0].attention.query, (16, 1, 4))):
+            self.assertEqual(mesh.shard_shapes(kernel), [quarter] * 4)
+            for slot in run.opt.slots[index[id(kernel)]]:
+                self.assertEqual(mesh.shard_shapes(slot), [quarter] * 4)
+                self.assertEqual(mesh.axes_of(slot), mesh.axes_of(kernel))
+
+    def test_checkpoint_from_2x2_resumes_on_1x4_and_4x1(self):
+        straight = Run(2, 2)
+        want = straight.train(0, 6)
+        first = Run(2, 2)
+        np.testing.assert_allclose(first.train(0, 3), want[:3], atol=1e-6)
+        path = first.checkpoint().save(os.path.join(self.get_temp_dir(), "ckpt"))
+        for shape in ((1, 4), (4, 1)):
+            resumed = Run(*shape)
+            resumed.checkpoint().restore(path).assert_consumed()
+            self.assertEqual(int(mesh.to_host(resumed.opt.iterations)), 3)
+            np.testing.assert_allclose(resumed.train(3, 6), want[3:], atol=1e-5, err_msg=str(shape))
+            for name, value in straight.weights().items():
+                np.testing.assert_allclose(resumed.weights()[name], value, atol=1e-5)
+
+    def test_replicator_interface(self):
+        rep = xf.Replicator(target="mesh", mesh_shape={"batch": 2, "model": 2})
+        self.assertEqual((rep.num_replicas, rep.num_workers, rep.worker_index, rep.is_chief), (2, 1, 0, True))
+        self.assertEqual(rep.check_global_batch(8), 4)
+        self.assertEqual(rep.agree(1.0), 1.0)
+        out = rep.reduce(rep.run(tf.function(lambda x: {"mean": tf.reduce_mean(x)}), tf.range(8.0)))
+        self.assertAllClose(out["mean"], 3.5)
+
+        def input_fn(ctx):
+            return tf.data.Dataset.range(32).batch(ctx.get_per_replica_batch_size(8))
+        it = iter(rep.distribute(input_fn, global_batch_size=8))
+        metrics = rep.run_steps(lambda b: {"first": tf.cast(b[0], tf.float32)}, it, 2)
+        self.assertEqual(metrics, {"first": 4.0})  # batches starting at 0 and 8
+
+    @parameterized.named_parameters(
+        ("size", {"batch": 4, "model": 4}, r"asks for 16 devices"),
+        ("axes", {"data": 2, "model": 2}, r"must be a dict with the axes 'batch' and 'model'"),
+        ("value", {"batch": 0, "model": 2}, r"\['batch'\]=0 must be a positive integer"))
+    def test_bad_mesh_is_config_error(self, shape, message):
+        with self.assertRaisesRegex(ConfigError, r"Replicator.mesh_shape.*" + message):
+            xf.Replicator(target="mesh", mesh_shape=shape)
+
+    def test_mesh_shape_device_count_mismatch(self):
+        with self.assertRaisesRegex(ConfigError, r"Replicator.mesh_shape=.* has 4 positions but 3 device"):
+            mesh.make_mesh({"batch": 2, "model": 2}, devices=mesh.mesh_devices(3))
+        with self.assertRaisesRegex(ConfigError, r"Replicator.mesh_shape=.* is for Replicator.target='mesh'"):
+            xf.Replicator(target="cpu", mesh_shape={"batch": 1, "model": 1})
