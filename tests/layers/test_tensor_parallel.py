@@ -37,6 +37,12 @@ def reference_attention(x, q, k, v, qkv_b, out, out_b):
     return np.einsum("bthk,hkd->btd", mixed, out) + out_b
 
 
+def _host(value):
+    if isinstance(value, list):
+        return [_host(v) for v in value]
+    return mesh.to_host(value) if isinstance(value, tf.Variable) else value
+
+
 class TensorParallelTest(TestCase):
 
     @parameterized.named_parameters(*MESHES)
@@ -61,7 +67,7 @@ class TensorParallelTest(TestCase):
         self.assertEqual(mesh.axes_of(mlp.down.kernel), ["model", None])
         self.assertEqual(mesh.shard_shapes(mlp.up.kernel)[0], (16, 32 // model))
         self.assertEqual(mesh.shard_shapes(attention.query)[0], (16, 4 // model, 4))
-        host = {name: [mesh.to_host(b) if isinstance(b, tf.Variable) else b for b in v] if isinstance(v, list) else mesh.to_host(v) for name, v in
+        host = {name: _host(v) for name, v in
                 [("q", attention.query), ("k", attention.key), ("v", attention.value),
                  ("qkv_b", [attention.query_bias, 0.0, attention.value_bias]),
                  ("out", attention.out), ("out_b", attention.out_bias)]}

@@ -3,6 +3,7 @@ slots are split like their variables; checkpoints move between mesh shapes."""
 
 import os
 
+import gin
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
@@ -106,6 +107,11 @@ class MeshTest(TestCase):
         it = iter(rep.distribute(input_fn, global_batch_size=8))
         metrics = rep.run_steps(lambda b: {"first": tf.cast(b[0], tf.float32)}, it, 2)
         self.assertEqual(metrics, {"first": 4.0})  # batches starting at 0 and 8
+
+    def test_gin_bindings(self):
+        gin.parse_config(["Replicator.target = 'mesh'", "Replicator.mesh_shape = {'batch': 1, 'model': 4}"])
+        rep = xf.Replicator()
+        self.assertEqual((rep.target, rep.num_replicas, mesh.model_axis_size(rep.mesh_target.mesh)), ("mesh", 1, 4))
 
     @parameterized.named_parameters(
         ("size", {"batch": 4, "model": 4}, r"asks for 16 devices"),
