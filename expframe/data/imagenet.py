@@ -183,7 +183,7 @@ def prepare(data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
 
 @functools.lru_cache(maxsize=8)
 def _mock_arrays(split: str, num_examples: int, data_dir: Optional[str]) -> Tuple[tuple, tuple]:
-    with tfds.testing.mock_data(num_examples=num_examples):
+    with tf.init_scope(), tfds.testing.mock_data(num_examples=num_examples):
         mocked = _builder(data_dir).as_dataset(
             split=split, decoders={"image": tfds.decode.SkipDecoding()})
         examples = list(mocked.map(lambda ex: (ex["image"], ex["label"])).as_numpy_iterator())

@@ -26,8 +26,12 @@ def _in_memory(split: str, image_size: int, data_dir: Optional[str], num_train: 
                num_test: Optional[int]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(images uint8 [N, S, S, 3], labels int64 [N], ids int64 [N]) of a prepared shapes split."""
     from expframe.data import shapes  # pylint: disable=import-outside-toplevel
-    dataset = shapes.load_shapes(split, size=image_size, data_dir=data_dir, num_train=num_train, num_test=num_test)
-    parts = list(dataset.batch(4096).as_numpy_iterator())
+    # Eagerly, also when the input_fn is traced (parameter_server builds per-worker
+    # datasets inside a tf.function).
+    with tf.init_scope():
+        dataset = shapes.load_shapes(split, size=image_size, data_dir=data_dir, num_train=num_train,
+                                     num_test=num_test)
+        parts = list(dataset.batch(4096).as_numpy_iterator())
     return tuple(np.concatenate([p[k] for p in parts]) for k in ("image", "label", "id"))
 
 
