@@ -69,7 +69,7 @@ class Evaluator:
             iterator = rep.distribute(lambda _: batches).plain_iterator()
         totals, steps = {}, 0
         while True:  # a full pass ends at the first step without a real example on any replica
-            sums = {k: float(v) for k, v in self._eval_step(iterator).items()}
+            sums = {k: float(v) for k, v in self._eval_step(rep.step_input(iterator)).items()}
             if full_pass and sums[_REAL] == 0:
                 break
             totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}

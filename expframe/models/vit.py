@@ -56,6 +56,7 @@ class ViT(tf.Module):
                  patch_size: int = 8, width: int = 64, depth: int = 2, num_heads: int = 4,
                  mlp_dim: int = 128, seed: int = 0, name: str = "vit"):
         super().__init__(name=name)
+        self.num_classes = num_classes
         if image_size % patch_size:
             raise ConfigError(f"ViT.patch_size={patch_size} does not divide ViT.image_size={image_size}.")
         self.embed = tp.PatchEmbedding(image_size, patch_size, channels, width, seed, name="embed")

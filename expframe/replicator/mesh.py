@@ -37,7 +37,9 @@ _current: List[dtensor.Mesh] = []
 def mesh_devices(num_devices: int) -> List[str]:
     """`num_devices` device names: the GPUs when TensorFlow sees any, else logical CPUs
     (the `cpu` target's split). Raises ConfigError naming `Replicator.mesh_shape`."""
-    gpus = tf.config.list_logical_devices("GPU")
+    # Physical first: listing logical devices starts the runtime, after which the CPU
+    # can no longer be split.
+    gpus = tf.config.list_physical_devices("GPU") and tf.config.list_logical_devices("GPU")
     if gpus:
         if num_devices > len(gpus):
             raise ConfigError(
@@ -131,7 +133,7 @@ def put(value, axes: Sequence[Optional[str]], mesh: Optional[dtensor.Mesh] = Non
     """A host tensor (or DTensor) laid out on the mesh as `axes` says."""
     target = layout(axes, mesh)
     value = tf.convert_to_tensor(value)
-    if dtensor.is_dtensor(value):
+    if not tf.inside_function() and dtensor.is_dtensor(value):  # inside: a host tensor
         return dtensor.relayout(value, target)
     replicated = dtensor.copy_to_mesh(value, dtensor.Layout.replicated(target.mesh, value.shape.rank))
     return dtensor.relayout(replicated, target)
@@ -170,7 +172,7 @@ def to_host(value) -> np.ndarray:
     """The full value of a DTensor (or plain tensor) as a numpy array."""
     if isinstance(value, tf.Variable):
         value = value.read_value()
-    if dtensor.is_dtensor(value):
+    if not tf.inside_function() and dtensor.is_dtensor(value):  # inside: a host tensor
         value = dtensor.relayout(value, dtensor.Layout.replicated(dtensor.fetch_layout(value).mesh,
                                                                    value.shape.rank))
         value = dtensor.unpack(value)[0]

@@ -58,13 +58,16 @@ class MeshTarget:
             return step_fn(*args, **kwargs)
 
     def _on_mesh(self, value):
-        if isinstance(value, (tf.Tensor, tf.Variable)) and not dtensor.is_dtensor(value) \
-                and value.shape.rank and value.shape.rank > 0:
-            return self.shard([value])[0]
-        return value
+        if not isinstance(value, tf.Tensor) or not value.shape.rank:
+            return value
+        if tf.inside_function():  # laid out on the host before the call (Replicator.step_input)
+            return value
+        return value if dtensor.is_dtensor(value) else self.shard([value])[0]
 
     def reduce(self, values: Any) -> Any:
         """The step's values as plain host tensors (they are already global)."""
+        if tf.inside_function():  # scalars of the SPMD program: every device holds the whole value
+            return values
         return tf.nest.map_structure(lambda v: tf.constant(mesh.to_host(v)), values)
 
     def run_steps(self, step_fn: Callable[..., Any], iterator, num_steps: int) -> Dict[str, float]:

@@ -184,7 +184,15 @@ class Replicator:
     def next_from(self, iterator) -> Any:
         """The next per-replica batch from `DistributedInput.plain_iterator()`; use inside
         a tf.function that takes the plain iterator as its argument."""
+        if self.mesh_target is not None:  # the batch step_input fetched; run() lays it out on the mesh
+            return iterator
         return per_replica(self.strategy, next(iterator), self.num_replicas // self.num_workers)
+
+    def step_input(self, iterator):
+        """What a tf.function that calls `next_from` takes: the plain iterator itself, or on
+        the 'mesh' target the next batch, read on the host (a DTensor program cannot read
+        a tf.data iterator)."""
+        return self.mesh_target.shard(next(iterator)) if self.mesh_target is not None else iterator
 
     def per_worker_iterator(self, input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]):
         """parameter_server only: per-worker iterators for `schedule_steps` (not checkpointable).
