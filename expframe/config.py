@@ -49,10 +49,10 @@ def register_symbols() -> None:
     import expframe.models.sngan  # noqa: F401
     import expframe.models.vit  # noqa: F401
     import expframe.replicator.mesh_optimizer  # noqa: F401
-    import expframe.tasks.mesh_classification  # noqa: F401
     import expframe.rl.environments  # noqa: F401
     import expframe.schedules  # noqa: F401
     import expframe.tasks  # noqa: F401
+    import expframe.tasks.mesh_classification  # noqa: F401
 
 
 def _suggest(name: str, candidates) -> str:
