@@ -74,7 +74,8 @@ def _check(binding: str, ok: bool, value, what: str) -> None:
 class D4PGTask(Task):
     """D4PG on an environment, acting in this process (see module docstring).
 
-    Defaults are Acme's D4PG. Gradient clipping by global norm 40 (Acme's `clipping`)
+    Defaults are Acme's D4PG, except that replay is prioritised (as in the D4PG paper;
+    Acme samples uniformly, which `priority_exponent = 0` gives). Gradient clipping by global norm 40 (Acme's `clipping`)
     is bound in the gin file on the scoped optimizer wrappers
     (`actor/wrap_optimizer.clip_global_norm`, `critic/wrap_optimizer.clip_global_norm`).
 
@@ -283,8 +284,8 @@ class D4PGTask(Task):
         first_key, rows, items = self._in_flight
         with self._lock:
             received, self._received = self._received, []
-        keys = np.concatenate([k for k, _ in received])
-        td_errors = np.concatenate([t for _, t in received])
+        keys = np.concatenate([k for k, _ in received] or [np.zeros(0, np.int64)])
+        td_errors = np.concatenate([t for _, t in received] or [np.zeros(0)])
         order = np.argsort(keys, kind="stable")
         keys, td_errors = keys[order], td_errors[order]
         if not np.array_equal(keys, first_key + np.arange(len(rows))):

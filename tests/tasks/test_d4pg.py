@@ -40,20 +40,16 @@ class _Learner:
         self.task.setup(self.rep, BATCH, seed=seed, deterministic=True)
         with self.rep.scope():
             self.task.build()
-        iterator = iter(self.rep.distribute(self.task.train_input_fn, BATCH))
+        self.iterator = iter(self.rep.distribute(self.task.train_input_fn, BATCH))
         self.step = 0
 
-        @tf.function
-        def run(n):
-            out = self.rep.reduce(self.rep.run(self.task.train_step, iterator.get_next()), "mean")
-            for _ in tf.range(n - 1):
-                out = self.rep.reduce(self.rep.run(self.task.train_step, iterator.get_next()), "mean")
-            return out
-        self._run = run
+    def run(self, num_steps):
+        """num_steps replicated train steps in one tf.function call (as the trainer runs them)."""
+        return self.rep.run_steps(self.task.train_step, self.iterator, num_steps)
 
     def host_call(self, num_steps):
         self.task.before_train_steps(self.step, num_steps)
-        out = {k: float(v) for k, v in self._run(tf.constant(num_steps)).items()}
+        out = self.run(num_steps)
         self.step += num_steps
         out.update(self.task.after_train_steps(self.step))
         return out
@@ -70,7 +66,10 @@ class D4PGLearnerTest(TestCase):
         try:
             results = {}
             for replicas in (1, 2):
-                learner = _Learner(replicas)
+                # Plain SGD: unlike Adam, it would show gradients summed over replicas
+                # instead of averaged.
+                learner = _Learner(replicas, actor_optimizer=lambda: keras.optimizers.SGD(0.05),
+                                   critic_optimizer=lambda: keras.optimizers.SGD(0.05))
                 initial = learner.weights()
                 # One host call: its 3 batches are drawn before any priority update, so
                 # both replica counts read exactly the same batches.
@@ -112,7 +111,7 @@ class D4PGLearnerTest(TestCase):
                                                data["data/discount"])
         _, td = losses.categorical_td(task.support, task.critic([data["data/observation"], data["data/action"]]),
                                       target)
-        learner._run(tf.constant(1))  # pylint: disable=protected-access
+        learner.run(1)
         learner.step = 1
         task.after_train_steps(1)
         expected = (np.abs(td.numpy()) + task.replay.epsilon) ** task.replay.alpha
