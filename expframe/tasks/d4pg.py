@@ -75,9 +75,9 @@ class D4PGTask(Task):
     """D4PG on an environment, acting in this process (see module docstring).
 
     Defaults are Acme's D4PG, except that replay is prioritised (as in the D4PG paper;
-    Acme samples uniformly, which `priority_exponent = 0` gives). Gradient clipping by global norm 40 (Acme's `clipping`)
-    is bound in the gin file on the scoped optimizer wrappers
-    (`actor/wrap_optimizer.clip_global_norm`, `critic/wrap_optimizer.clip_global_norm`).
+    Acme samples uniformly, which `priority_exponent = 0` gives). Gradient clipping by
+    global norm 40 (Acme's `clipping`) is bound in the gin file on the scoped optimizer
+    wrappers (`actor/wrap_optimizer.clip_global_norm`, `critic/wrap_optimizer.clip_global_norm`).
 
     Args:
       environment: `fn(seed=) -> environment` (e.g. `@control_suite`).
