@@ -1,0 +1,69 @@
+"""experiments/vit_shapes_mesh.gin through main.py: smoke run, config errors (exit 2),
+resume on another mesh shape, and (slow) learning to top-1 >= 0.90."""
+
+import json
+import time
+
+import pytest
+
+from tests import main_runner as mr
+
+VIT = "experiments/vit_shapes_mesh.gin"
+# A one-block ViT of width 16 on 512 images: seconds.
+SMALL = mr.SMALL + ("ViT.depth = 1", "ViT.width = 16", "ViT.mlp_dim = 32", "Trainer.global_batch_size = 8")
+
+
+def _mesh(batch: int, model: int) -> str:
+    return f"Replicator.mesh_shape = {{'batch': {batch}, 'model': {model}}}"
+
+
+def test_smoke_on_batch2_model2(data_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    done = mr.run([VIT], model_dir, data_dir, SMALL + ("Trainer.train_steps = 4",))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((model_dir / "result.json").read_text())
+    assert (result["target"], result["num_replicas"], result["step"]) == ("mesh", 2, 4)
+    train = mr.metrics(model_dir, "train")
+    assert [r["step"] for r in train] == [2, 4] and all(0 < r["loss"] < 10 for r in train)
+    assert 0.0 <= mr.metrics(model_dir, "eval")[-1]["top1"] <= 1.0
+    assert "ViT.width = 16" in (model_dir / "operative_config.gin").read_text()
+    assert any((model_dir / "checkpoints").iterdir())
+
+
+def test_model_dimension_not_divisible_exits_2(data_dir, tmp_path):
+    """(A malformed or oversized Replicator.mesh_shape: tests/replicator/test_mesh.py.)"""
+    done = mr.run([VIT], tmp_path / "run", data_dir, SMALL + ("ViT.mlp_dim = 33",), extra=["--mode=train"])
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "ViT.mlp_dim=33 is not divisible by the mesh's 'model' axis of size 2" in done.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_checkpoint_on_2x2_resumes_on_1x4_and_4x1(data_dir, tmp_path):
+    """Trained 4 steps on 2x2, then to 8 on 1x4 or 4x1: the same losses as 8 steps on 2x2."""
+    params = SMALL + ("Trainer.train_steps = 8", "Trainer.eval_steps = 1")
+    straight = mr.run([VIT], tmp_path / "straight", data_dir, params, extra=["--mode=train"])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    want = {r["step"]: r["loss"] for r in mr.metrics(tmp_path / "straight", "train")}
+    for batch, model in ((1, 4), (4, 1)):
+        run_dir = tmp_path / f"to_{batch}x{model}"
+        first = mr.run([VIT], run_dir, data_dir, params + ("Trainer.train_steps = 4",), extra=["--mode=train"])
+        assert first.returncode == 0, first.stderr[-3000:]
+        resumed = mr.run([VIT], run_dir, data_dir, params + (_mesh(batch, model),),
+                         extra=["--mode=train", "--allow_config_change"])
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        got = {r["step"]: r["loss"] for r in mr.metrics(run_dir, "train")}
+        assert got.keys() == want.keys()
+        for step, loss in want.items():
+            assert got[step] == pytest.approx(loss, abs=1e-5), (batch, model, step)
+
+
+@pytest.mark.slow
+def test_vit_reaches_090_top1(tmp_path):
+    started = time.time()
+    done = mr.run([VIT], tmp_path / "run", tmp_path / "tfds", timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    print(f"vit_shapes_mesh: top1 {result['eval']['top1']:.4f} in {time.time() - started:.0f} s "
+          f"(training {result['wall_time_s']:.0f} s)")
+    assert result["eval"]["top1"] >= 0.90
