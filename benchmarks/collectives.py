@@ -47,6 +47,7 @@ def _import_tf(allocator):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = ALLOCATORS[allocator]
     import tensorflow  # pylint: disable=g-import-not-at-top
+
     import expframe as xf  # pylint: disable=g-import-not-at-top
     tf, expframe = tensorflow, xf
 

@@ -48,7 +48,7 @@ def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optim
             loss = tf.reduce_mean(keras.losses.categorical_crossentropy(onehot, logits, from_logits=True))
         grads = tape.gradient(loss, model.trainable_variables)
         grads = [g / num_replicas for g in grads]  # Keras sums over replicas: this makes the mean.
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     @tf.function

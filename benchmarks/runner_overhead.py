@@ -41,11 +41,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import handwritten  # noqa: E402  (benchmarks/handwritten.py)
 from expframe.models.resnet import resnet  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
-
-import handwritten  # noqa: E402  (benchmarks/handwritten.py)
 
 GOAL = 0.97
 NUM_CLASSES, IMAGE_SHAPE = 10, (32, 32, 3)
@@ -126,7 +125,7 @@ def measure(num_replicas: int, global_batch: int, steps: int, repeats: int, stra
                      "examples_per_sec": steps * global_batch / statistics.median(ts), "times_s": ts}
     # Paired ratios (call i of one against call i of the other) are less noisy on a
     # shared machine than the ratio of medians; report both.
-    paired = [h / e for e, h in zip(times["expframe"], times["handwritten"])]
+    paired = [h / e for e, h in zip(times["expframe"], times["handwritten"], strict=True)]
     out["ratio_of_medians"] = out["expframe"]["examples_per_sec"] / out["handwritten"]["examples_per_sec"]
     out["median_paired_ratio"] = statistics.median(paired)
     return out

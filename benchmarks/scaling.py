@@ -56,6 +56,7 @@ def worker(args) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(args.replicas + 1)
     import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
+
     import expframe  # pylint: disable=import-outside-toplevel
     from expframe.models.resnet import resnet  # pylint: disable=import-outside-toplevel
 
@@ -85,7 +86,7 @@ def worker(args) -> None:
             logits = model(batch["image"], training=True)
             loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
                 batch["label"], logits, from_logits=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables, strict=True))
         return loss
 
     @tf.function
@@ -130,12 +131,12 @@ def _worker_args(args, cores, replicas):
 def _run(commands, envs, timeout):
     """Runs processes together; returns their RESULT records (examples/s each)."""
     procs = [subprocess.Popen(c, env=e, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c, e in zip(commands, envs)]
+             for c, e in zip(commands, envs, strict=True)]
     records = []
     try:
         for p in procs:
             out, err = p.communicate(timeout=timeout)
-            lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
+            lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
             if p.returncode != 0 or not lines:
                 raise RuntimeError(f"worker failed (status {p.returncode}):\n{err[-3000:]}")
             records.append(json.loads(lines[-1][len("RESULT "):]))

@@ -17,7 +17,7 @@ def _counts(model):
 
 
 def _norm_layers(model):
-    return [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
+    return [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
 
 
 def _is_last_in_branch(name, bottleneck):
@@ -71,21 +71,21 @@ class ResNetTest(TestCase):
         for model, bottleneck in ((self.resnet50, True),
                                   (resnet(depth=20, num_classes=10, input_shape=(32, 32, 3)), False)):
             norms = _norm_layers(model)
-            zeroed = [l for l in norms if _is_last_in_branch(l.name, bottleneck)]
+            zeroed = [layer for layer in norms if _is_last_in_branch(layer.name, bottleneck)]
             self.assertEqual(len(zeroed), 16 if bottleneck else 9)
-            for l in norms:
-                want = 0.0 if l in zeroed else 1.0
-                np.testing.assert_array_equal(l.gamma.numpy(), want, err_msg=l.name)
+            for layer in norms:
+                want = 0.0 if layer in zeroed else 1.0
+                np.testing.assert_array_equal(layer.gamma.numpy(), want, err_msg=layer.name)
 
     def test_zero_init_residual_off(self):
         model = resnet(depth=20, num_classes=10, input_shape=(32, 32, 3), zero_init_residual=False)
-        for l in _norm_layers(model):
-            np.testing.assert_array_equal(l.gamma.numpy(), 1.0, err_msg=l.name)
+        for layer in _norm_layers(model):
+            np.testing.assert_array_equal(layer.gamma.numpy(), 1.0, err_msg=layer.name)
 
     def test_norm_options(self):
         model = resnet(depth=20, num_classes=10, input_shape=(32, 32, 3), bn_momentum=0.99, bn_epsilon=1e-3)
-        for l in _norm_layers(model):
-            self.assertEqual((l.momentum, l.epsilon), (0.99, 1e-3))
+        for layer in _norm_layers(model):
+            self.assertEqual((layer.momentum, layer.epsilon), (0.99, 1e-3))
         self.assertEqual(_norm_layers(self.resnet50)[0].momentum, 0.9)
         self.assertEqual(_norm_layers(self.resnet50)[0].epsilon, 1e-5)
 
@@ -93,7 +93,7 @@ class ResNetTest(TestCase):
         plain = resnet(depth=20, num_classes=10, input_shape=(32, 32, 3))
         sync = resnet(depth=20, num_classes=10, input_shape=(32, 32, 3), norm=SyncBatchNorm)
         norms = _norm_layers(sync)
-        self.assertTrue(norms and all(isinstance(l, SyncBatchNorm) for l in norms))
+        self.assertTrue(norms and all(isinstance(layer, SyncBatchNorm) for layer in norms))
         rng = np.random.default_rng(0)
         # Non-trivial gammas, betas and moving statistics, so every path is exercised.
         weights = [w + rng.uniform(0.5, 1.5, w.shape).astype(w.dtype) for w in plain.get_weights()]
@@ -104,7 +104,7 @@ class ResNetTest(TestCase):
             self.assertAllClose(sync(images, training=training), plain(images, training=training),
                                 rtol=1e-5, atol=1e-5)
         # Training also moved the moving statistics identically.
-        for a, b in zip(sync.non_trainable_weights, plain.non_trainable_weights):
+        for a, b in zip(sync.non_trainable_weights, plain.non_trainable_weights, strict=True):
             self.assertAllClose(a, b, rtol=1e-6, atol=1e-6)
 
     def test_width_multiplier(self):
