@@ -96,6 +96,14 @@ class D4PGTask(Task):
         `importance_annealing_steps` learner steps.
       dqda_clipping: norm bound on dQ/da in the policy loss (None: off).
       eval_episodes: episodes per evaluation, noiseless policy.
+      num_actors: 0 acts in this process (`synchronous`); K > 0 starts K actor
+        processes fed weights and sending transitions over RPC (`expframe.rl.actor_pool`).
+      actor_sigmas: exploration sigma per actor process (None: `sigma` for all).
+      weights_every: environment steps between an actor's weight fetches.
+      max_actor_restarts: actor restarts allowed over the run, all actors together.
+      actor_service_address: host:port of the learner's RPC service (port 0: free one;
+        '0.0.0.0:PORT' serves actors on other hosts).
+      actor_timeout_s: the longest the learner waits for the actors' transitions.
     """
 
     checkpoint_input = False
@@ -110,7 +118,9 @@ class D4PGTask(Task):
                  min_replay_size: int = 1000, max_replay_size: int = 1_000_000,
                  priority_exponent: float = 0.6, importance_sampling_exponent: float = 0.4,
                  importance_annealing_steps: int = 100_000, dqda_clipping: Optional[float] = 1.0,
-                 eval_episodes: int = 5):
+                 eval_episodes: int = 5, num_actors: int = 0, actor_sigmas: Optional[tuple] = None,
+                 weights_every: int = 100, max_actor_restarts: int = 2,
+                 actor_service_address: str = "127.0.0.1:0", actor_timeout_s: float = 120.0):
         positive_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
         _check("discount", 0.0 <= discount <= 1.0, discount, "must be in [0, 1]")
         _check("n_step", positive_int(n_step), n_step, "must be a positive integer")
@@ -140,6 +150,16 @@ class D4PGTask(Task):
         self.beta0, self.annealing_steps = float(importance_sampling_exponent), importance_annealing_steps
         self.dqda_clipping = dqda_clipping
         self.eval_episodes = eval_episodes
+        _check("num_actors", isinstance(num_actors, int) and num_actors >= 0, num_actors, "must be an integer >= 0")
+        _check("actor_sigmas", actor_sigmas is None or (len(actor_sigmas) == num_actors
+                                                        and all(s >= 0 for s in actor_sigmas)),
+               actor_sigmas, f"must list num_actors={num_actors} sigmas >= 0 (or be None)")
+        _check("weights_every", positive_int(weights_every), weights_every, "must be a positive integer")
+        self.num_actors, self.weights_every = num_actors, weights_every
+        self.actor_sigmas = tuple(actor_sigmas) if actor_sigmas is not None else (sigma,) * num_actors
+        self.max_actor_restarts, self.actor_service_address = max_actor_restarts, actor_service_address
+        self.actor_timeout_s = actor_timeout_s
+        self.actor_pool = None
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -257,11 +277,14 @@ class D4PGTask(Task):
         return self.beta0 + fraction * (1.0 - self.beta0)
 
     def before_train_steps(self, step: int, num_steps: int) -> None:
-        self.actor.update(self.policy.get_weights())
-        due = self._env_steps_due(step + num_steps) - self.actor.env_steps
-        if due > 0:
-            self.actor.run(due)
-        self._recent_returns.extend(self.actor.finished_returns())
+        if self.num_actors:
+            self._act_remotely(step, num_steps)
+        else:
+            self.actor.update(self.policy.get_weights())
+            due = self._env_steps_due(step + num_steps) - self.actor.env_steps
+            if due > 0:
+                self.actor.run(due)
+            self._recent_returns.extend(self.actor.finished_returns())
         if self.replay.size == 0:
             raise xf.RunError("D4PGTask: the replay is empty after acting; raise D4PGTask.min_replay_size.")
         batches, rows, items = [], [], []
@@ -300,12 +323,58 @@ class D4PGTask(Task):
         metrics = {"env_steps": float(self.actor.env_steps), "episodes": float(self.actor.episodes),
                    "replay_size": float(self.replay.size),
                    "env_steps_per_sec": self.actor.timed_steps / max(self.actor.acting_time, 1e-9)}
+        if self.actor_pool is not None:
+            metrics.update(self._remote_metrics(step))
         if self._learner_steps_timed:
             metrics["learner_steps_per_sec"] = self._learner_steps_timed / max(self._learner_time, 1e-9)
         if self._recent_returns:
             metrics["train_episode_return"] = float(np.mean(self._recent_returns))
             self._recent_returns = []
         return metrics
+
+    # -- distributed acting (num_actors > 0) ----------------------------------------------
+
+    def _act_remotely(self, step: int, num_steps: int) -> None:
+        """Publishes the weights; waits for the transitions the ratio asks for (learner
+        waits); lets the actors run at most one host call plus one chunk ahead (actors wait)."""
+        if self.actor_pool is None:
+            from expframe.rl.actor_pool import ActorPool  # pylint: disable=import-outside-toplevel
+            obs, act = self.environment.observation_size, self.environment.action_size
+            shapes = {"observation": (obs,), "action": (act,), "reward": (), "discount": (), "next_observation": (obs,)}
+            self.actor_pool = ActorPool(self.policy.get_weights(), shapes, self.num_actors, self.actor_sigmas,
+                                        self.seed, self.weights_every, capacity=self.max_replay_size,
+                                        max_restarts=self.max_actor_restarts, address=self.actor_service_address)
+            self._insert_offset, self._learner_wait_s, self._remote_started = self.replay.inserted, 0.0, None
+        pool = self.actor_pool
+        pool.service.publish(self.policy.get_weights())
+        slack = self.weights_every + self.n_step
+        pool.service.allow(self._env_steps_due(step + 2 * num_steps) - self._insert_offset + slack)
+        due = self._env_steps_due(step + num_steps)
+        started = time.perf_counter()
+        while True:
+            pool.check()
+            taken = pool.service.take()
+            if taken:
+                self.replay.add(**taken)
+            if self.replay.inserted >= due:
+                break
+            pool.wait_for(due - self.replay.inserted, self.actor_timeout_s)
+        self._learner_wait_s += time.perf_counter() - started
+        if self._remote_started is None:
+            self._remote_started = (time.perf_counter(), self.replay.inserted)
+        self._recent_returns.extend(pool.service.take_returns())
+
+    def _remote_metrics(self, step: int) -> Dict[str, float]:
+        service = self.actor_pool.service
+        since, inserted = self._remote_started
+        learned = step * self.global_batch_size
+        # env_steps: transitions the actors sent (the synchronous actor does not act here).
+        return {"env_steps": float(self.replay.inserted),
+                "transitions_per_sec": (self.replay.inserted - inserted) / max(time.perf_counter() - since, 1e-9),
+                "learner_wait_s": self._learner_wait_s, "actor_refused_inserts": float(service.refused),
+                "actors_alive": float(self.actor_pool.alive), "actor_restarts": float(self.actor_pool.restarts),
+                "max_weights_version_lag": float(service.max_version_lag),
+                "samples_per_insert": learned / max(self.replay.inserted - self.min_replay_size, 1)}
 
     # -- evaluation --------------------------------------------------------------------
 

@@ -1,0 +1,137 @@
+"""The learner's side of distributed acting: an RPC service and K actor processes.
+
+`ActorPool` starts `LearnerService` and `num_actors` processes of
+`python -m expframe.rl.actor_process`, each with its own seed and exploration sigma,
+all reading the learner's gin config (written to a temporary file). It watches them:
+an actor that exits (crash, SIGKILL) is logged with its id and exit status and
+restarted while the pool's restart budget lasts; when no actor is left, `check`
+raises `RunError` (the run stops with exit 1). The processes are stopped when the
+pool closes or at interpreter exit; each actor also stops when the learner's service
+stops answering or its parent process dies, so none outlives the learner.
+"""
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import gin
+import numpy as np
+
+from expframe.errors import RunError
+from expframe.rl.rpc import LearnerService
+
+
+def _status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _log(message: str) -> None:
+    print(f"D4PGTask: {message}", file=sys.stderr, flush=True)
+
+
+class ActorPool:
+    """K actor processes feeding a `LearnerService` (see module docstring).
+
+    Args:
+      weights: the policy's initial weights.
+      shapes: one transition's field shapes.
+      num_actors: processes to start.
+      sigmas: exploration sigma of each actor.
+      seed: the run's seed; actor i gets seed + i.
+      weights_every: environment steps between an actor's weight fetches.
+      capacity: most transitions pending in the service.
+      max_restarts: restarts allowed over the whole run, all actors together.
+      address: the service's host:port (port 0: a free one).
+    """
+
+    def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], num_actors: int,
+                 sigmas: Sequence[float], seed: int, weights_every: int, capacity: int, max_restarts: int,
+                 address: str = "127.0.0.1:0"):
+        self.service = LearnerService(weights, shapes, capacity, address)
+        self.sigmas, self.seed, self.weights_every = list(sigmas), int(seed), int(weights_every)
+        self.max_restarts, self.restarts = int(max_restarts), 0
+        self._dir = tempfile.TemporaryDirectory(prefix="expframe_actors_")
+        self.config_path = os.path.join(self._dir.name, "config.gin")
+        with open(self.config_path, "w", encoding="utf-8") as f:
+            f.write(gin.config_str())
+        self.processes: Dict[int, Optional[subprocess.Popen]] = {}
+        for actor_id in range(num_actors):
+            self._start(actor_id)
+        atexit.register(self.close)
+
+    def command(self, actor_id: int) -> List[str]:
+        """The command line of actor `actor_id` (as run on this host)."""
+        return [sys.executable, "-m", "expframe.rl.actor_process", f"--address={self.service.address}",
+                f"--actor_id={actor_id}", f"--seed={self.seed + actor_id}", f"--sigma={self.sigmas[actor_id]}",
+                f"--weights_every={self.weights_every}", f"--gin_config={self.config_path}",
+                f"--stats_file={os.path.join(self._dir.name, f'actor_{actor_id}.json')}"]
+
+    def _start(self, actor_id: int) -> None:
+        self.processes[actor_id] = subprocess.Popen(self.command(actor_id), stdin=subprocess.DEVNULL)
+
+    @property
+    def alive(self) -> int:
+        return sum(p is not None for p in self.processes.values())
+
+    def check(self) -> None:
+        """Logs and restarts (within the budget) exited actors; RunError when none is left."""
+        for actor_id, process in self.processes.items():
+            if process is None or process.poll() is None:
+                continue
+            status = _status(process.returncode)
+            if self.restarts < self.max_restarts:
+                self.restarts += 1
+                _log(f"actor {actor_id} (pid {process.pid}) {status}; restarting it "
+                     f"(restart {self.restarts} of {self.max_restarts})")
+                self._start(actor_id)
+            else:
+                _log(f"actor {actor_id} (pid {process.pid}) {status}; no restarts left, "
+                     f"going on with {self.alive - 1} actor(s)")
+                self.processes[actor_id] = None
+        if not self.alive:
+            self.close()
+            raise RunError(f"D4PGTask: all {len(self.processes)} actor processes have exited "
+                           f"(restarts used: {self.restarts} of {self.max_restarts}); stopping.")
+
+    def wait_for(self, count: int, timeout_s: float) -> None:
+        """Waits until `count` transitions are pending, checking the actors every second."""
+        deadline = time.monotonic() + timeout_s
+        while not self.service.wait_for(count, timeout=1.0):
+            self.check()
+            if time.monotonic() > deadline:
+                raise RunError(f"D4PGTask: the actors sent {self.service.pending()} of {count} transitions "
+                               f"in {timeout_s:.0f} s; stopping.")
+
+    def stats(self) -> Dict[int, dict]:
+        """Timings the actors wrote at exit (actor id -> dict)."""
+        import json  # pylint: disable=import-outside-toplevel
+        out = {}
+        for actor_id in self.processes:
+            path = os.path.join(self._dir.name, f"actor_{actor_id}.json")
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    out[actor_id] = json.load(f)
+        return out
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Tells the actors to stop (the service refuses them), then ends any still running."""
+        self.service.close()
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes.values():
+            if process is None:
+                continue
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
