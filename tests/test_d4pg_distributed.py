@@ -7,6 +7,9 @@ import os
 import signal
 import time
 
+import gin
+
+from expframe import config
 from tests import main_runner as mr
 
 D4PG = "experiments/d4pg_control.gin"
@@ -80,3 +83,32 @@ def _actor_pids(parent):
         if ppid == parent and b"expframe.rl.actor_process" in cmdline:
             pids.append(int(entry))
     return sorted(pids)
+
+
+DISTRIBUTED = "experiments/d4pg_control_distributed.gin"
+
+
+def test_distributed_experiment_smoke_run_on_two_replicas(tmp_path, monkeypatch):
+    monkeypatch.chdir(mr.ROOT)
+    config.parse([DISTRIBUTED], [])
+    try:
+        assert gin.query_parameter("D4PGTask.num_actors") == 8
+        assert len(gin.query_parameter("D4PGTask.actor_sigmas")) == 8
+        assert gin.query_parameter("Replicator.num_replicas") == 2
+        assert gin.query_parameter("D4PGTask.actor_service_address").startswith("127.0.0.1:")
+    finally:
+        gin.clear_config()
+    # Shrunk: 2 actors (with their own sigmas), tiny networks, a few learner steps on 2 replicas.
+    model_dir = tmp_path / "run"
+    done = mr.run([DISTRIBUTED], model_dir, tmp_path, (
+        "D4PGTask.num_actors = 2", "D4PGTask.actor_sigmas = (0.1, 0.5)", "D4PGTask.weights_every = 20",
+        "Trainer.global_batch_size = 16", "Trainer.train_steps = 6", "Trainer.steps_per_loop = 3",
+        "Trainer.log_every_steps = 3", "Trainer.eval_every_steps = None", "Trainer.checkpoint_every_steps = 3",
+        "d4pg_policy.layer_sizes = (16, 16)", "d4pg_critic.layer_sizes = (16, 16)", "control_suite.action_repeat = 8",
+        "D4PGTask.min_replay_size = 50", "D4PGTask.samples_per_insert = 4.0", "D4PGTask.eval_episodes = 1"),
+        timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((model_dir / "result.json").read_text())
+    assert (result["step"], result["num_replicas"]) == (6, 2)
+    last = mr.metrics(model_dir, "train")[-1]
+    assert last["actors_alive"] == 2 and 50 + 4 * 6 <= last["env_steps"] <= 50 + 4 * 9 + 2 * (20 + 5), last
