@@ -26,16 +26,18 @@ SMALL = ("Replicator.num_replicas = 1", "Trainer.global_batch_size = 64", "Train
 
 def test_two_actor_processes_feed_the_learner_over_rpc(tmp_path):
     model_dir = tmp_path / "run"
-    done = mr.run([D4PG], model_dir, tmp_path, SMALL + ("Trainer.train_steps = 200", "Trainer.log_every_steps = 100",
-                                                        "Trainer.eval_every_steps = 200"), timeout=240)
+    done = mr.run([D4PG], model_dir, tmp_path, SMALL + ("Trainer.train_steps = 100", "Trainer.log_every_steps = 20",
+                                                        "Trainer.eval_every_steps = 100"), timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     train = mr.metrics(model_dir, "train")
-    assert [r["step"] for r in train] == [100, 200]
+    assert [r["step"] for r in train] == [20, 40, 60, 80, 100]
     last = train[-1]
     # Transitions came from the actors at the configured ratio: 500 before learning, then
     # 64 / 32 = 2 per learner step; actors run at most one host call plus a chunk ahead.
-    assert 500 + 2 * 200 <= last["env_steps"] <= 500 + 2 * 220 + 2 * (50 + 5), last
-    assert abs(last["samples_per_insert"] - 32.0) < 4.0, last
+    assert 500 + 2 * 100 <= last["env_steps"] <= 500 + 2 * 120 + 2 * (50 + 5), last
+    # The logged ratio is the measured one; actors may only run ahead, so it is <= 32.
+    assert abs(last["samples_per_insert"] - 100 * 64 / (last["env_steps"] - 500)) < 1e-6, last
+    assert 6400 / (2 * 120 + 2 * (50 + 5)) <= last["samples_per_insert"] <= 32.0, last   # the env_steps bounds above
     assert last["actors_alive"] == 2 and last["actor_restarts"] == 0
     assert last["replay_size"] == last["env_steps"]
     result = json.loads((model_dir / "result.json").read_text())
