@@ -19,26 +19,16 @@ Results: a table on stdout and JSON in `benchmarks/results/d4pg_throughput[_quic
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
+from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def learner_rate(replicas: int, steps: int, tmp: str) -> float:

@@ -34,7 +34,6 @@ import argparse
 import glob
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -50,22 +49,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from expframe.data import imagenet  # noqa: E402
+from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "data_checkpoint_size.json")
 IMAGENET_TRAIN_BYTES = 147_897_477_120  # ILSVRC2012_img_train.tar
 IMAGENET_TRAIN_IMAGES = 1_281_167
 IMAGENET_MEAN_JPEG = IMAGENET_TRAIN_BYTES / IMAGENET_TRAIN_IMAGES  # ~115 kB, tar headers included
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def legacy_input_fn(config):

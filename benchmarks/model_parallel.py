@@ -14,7 +14,6 @@ with like; the absolute rates depend on the machine's load.
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -32,21 +31,11 @@ import tensorflow as tf  # noqa: E402
 from expframe.models.vit import ViT  # noqa: E402
 from expframe.replicator import mesh  # noqa: E402
 from expframe.replicator.mesh_optimizer import MeshAdam  # noqa: E402
+from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
 
 MESHES = ((4, 1), (2, 2), (1, 4))
 WIDTHS = (64, 256)
 BATCH = 64
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def device_bytes(variables) -> int:

@@ -64,6 +64,7 @@ import handwritten  # noqa: E402  (benchmarks/handwritten.py)
 from expframe.models.resnet import resnet  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
+from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
 
 FORWARD_GMAC_224 = 4.1  # ResNet-50 forward pass at 224x224: G multiply-adds per image
 FLOPS_PER_MAC = 2       # one multiply + one add, as MLPerf and the matmul peak count them
@@ -234,15 +235,6 @@ def train_gflop_per_image(size: int) -> float:
 def mfu(images_per_sec: float, size: int, peak_gflops: float) -> float:
     """Model FLOPs utilisation: the model's FLOPs per second over the peak matmul FLOPs per second."""
     return train_gflop_per_image(size) * images_per_sec / peak_gflops
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    except OSError:
-        names = []
-    return names[0] if names else platform.processor() or "unknown"
 
 
 def main():
