@@ -178,8 +178,8 @@ def _atomic_text(path, text):
 
 @gin.configurable
 def shapes_classifier(image_size: int = 32, data_dir: Optional[str] = None, num_train: Optional[int] = None,
-                      num_test: Optional[int] = None, train_steps: int = 1000, batch_size: int = 128, learning_rate: float = 2e-3,
-                      seed: int = 0) -> ShapesClassifier:
+                      num_test: Optional[int] = None, train_steps: int = 1000, batch_size: int = 128,
+                      learning_rate: float = 2e-3, seed: int = 0) -> ShapesClassifier:
     """The shapes feature network (see module docstring).
 
     Args:

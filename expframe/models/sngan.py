@@ -171,7 +171,8 @@ def _check(image_size, num_classes, ch, name):
 
 @gin.configurable
 def sngan_generator(image_size: int, num_classes: int, ch: int = 64, z_dim: int = 128,
-                    spectral_norm: bool = False, widths: Optional[Sequence[int]] = None) -> keras.Model:
+                    spectral_norm: bool = False, widths: Optional[Sequence[int]] = None,
+                    class_input: bool = False) -> keras.Model:
     """The class-conditional ResNet generator.
 
     Args:
@@ -182,6 +183,9 @@ def sngan_generator(image_size: int, num_classes: int, ch: int = 64, z_dim: int 
       spectral_norm: spectral norm on the generator's kernels too (off in the paper).
       widths: multiples of `ch` for the dense layer and each block, replacing the
         table's (its length fixes the blocks: 4 * 2**(len - 1) must be image_size).
+      class_input: also feed the one-hot label to the first dense layer, beside z
+        (not in the paper, where labels enter through the batch norms only; it lets
+        a short run separate the classes sooner).
 
     Returns:
       A Keras model: [z float [B, z_dim], labels int [B]] -> images float32 [B, H, W, 3] in [-1, 1].
@@ -196,7 +200,12 @@ def sngan_generator(image_size: int, num_classes: int, ch: int = 64, z_dim: int 
     widths = [m * ch for m in multiples]
     z = keras.Input((z_dim,), name="z")
     labels = keras.Input((), dtype="int32", name="labels")
-    h = SNDense(BOTTOM_WIDTH * BOTTOM_WIDTH * widths[0], use_sn=spectral_norm, use_bias=False, name="dense")(z)
+    h = z
+    if class_input:
+        onehot = keras.layers.Lambda(lambda y: tf.one_hot(y, num_classes), output_shape=(num_classes,),
+                                     name="onehot")(labels)
+        h = keras.layers.Concatenate(name="z_and_class")([z, onehot])
+    h = SNDense(BOTTOM_WIDTH * BOTTOM_WIDTH * widths[0], use_sn=spectral_norm, use_bias=False, name="dense")(h)
     h = keras.layers.Reshape((BOTTOM_WIDTH, BOTTOM_WIDTH, widths[0]))(h)
     for i, width in enumerate(widths[1:], start=1):
         h = GeneratorBlock(width, num_classes, use_sn=spectral_norm, name=f"block{i}")([h, labels])
@@ -208,7 +217,8 @@ def sngan_generator(image_size: int, num_classes: int, ch: int = 64, z_dim: int 
 
 
 @gin.configurable
-def sngan_discriminator(image_size: int, num_classes: int, ch: int = 64, spectral_norm: bool = True) -> keras.Model:
+def sngan_discriminator(image_size: int, num_classes: int, ch: int = 64, spectral_norm: bool = True,
+                        widths: Optional[Sequence[int]] = None) -> keras.Model:
     """The ResNet discriminator with the projection of the class embedding.
 
     Args:
@@ -216,15 +226,22 @@ def sngan_discriminator(image_size: int, num_classes: int, ch: int = 64, spectra
       num_classes: labels (the task passes it).
       ch: base width (see the table in the module docstring).
       spectral_norm: spectral norm on every kernel (the paper: on).
+      widths: multiples of `ch` for each block, replacing the table's (same length;
+        where the blocks pool stays as in the table).
 
     Returns:
       A Keras model: [images float [B, H, W, 3], labels int [B]] -> scores float32 [B].
     """
     _check(image_size, num_classes, ch, "sngan_discriminator")
+    table = DISCRIMINATOR_WIDTHS[image_size]
+    multiples = tuple(w for w, _ in table) if widths is None else tuple(widths)
+    if len(multiples) != len(table) or not all(isinstance(m, int) and m > 0 for m in multiples):
+        raise ConfigError(f"sngan_discriminator.widths={widths!r}: give {len(table)} positive integers for "
+                          f"image_size {image_size} (one per block).")
     images = keras.Input((image_size, image_size, 3), name="images")
     labels = keras.Input((), dtype="int32", name="labels")
     h = images
-    for i, (width, pool) in enumerate(DISCRIMINATOR_WIDTHS[image_size]):
+    for i, (width, (_, pool)) in enumerate(zip(multiples, table, strict=True)):
         h = DiscriminatorBlock(width * ch, downsample=pool, first=(i == 0), use_sn=spectral_norm,
                                name=f"block{i + 1}")(h)
     h = keras.layers.ReLU()(h)

@@ -65,9 +65,23 @@ def test_the_discriminator_projects_the_class_embedding():
         np.testing.assert_allclose(d([x, y], training=False).numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_class_input_conditions_the_generator_from_the_start():
+    keras.utils.set_random_seed(2)
+    z = tf.random.normal([2, 4])
+    for class_input in (False, True):
+        g = sngan.sngan_generator(32, num_classes=3, ch=1, z_dim=4, class_input=class_input)
+        a, b = g([z, tf.constant([0, 0])], training=False), g([z, tf.constant([1, 1])], training=False)
+        # At initialisation the batch norms' per-class scales are all 1: only the input differs.
+        assert (float(tf.reduce_max(tf.abs(a - b))) > 1e-4) == class_input
+
+
 def test_widths_override_and_bad_values_are_config_errors():
     g = sngan.sngan_generator(32, num_classes=2, ch=4, z_dim=4, widths=(4, 4, 2, 1))
     assert g.get_layer("block3").filters == 4
+    d = sngan.sngan_discriminator(32, num_classes=2, ch=4, widths=(1, 2, 2, 2))
+    assert [d.get_layer(f"block{i}").filters for i in range(1, 5)] == [4, 8, 8, 8]
+    with pytest.raises(xf.ConfigError, match="sngan_discriminator.widths"):
+        sngan.sngan_discriminator(32, num_classes=2, widths=(1, 2))
     with pytest.raises(xf.ConfigError, match="widths"):
         sngan.sngan_generator(32, num_classes=2, widths=(4, 4))
     with pytest.raises(xf.ConfigError, match="image_size=48"):
