@@ -24,7 +24,8 @@ from tests.metrics.test_feature_networks import write_standin_graph
 
 SHAPES = "experiments/sngan_shapes.gin"
 IMAGENET = "experiments/sngan_imagenet128.gin"
-PODS = {f"experiments/sngan_imagenet128_pod{b}.gin": b for b in (256, 1024, 2048)}
+PODS = {"experiments/sngan_imagenet128_pod256.gin": 256, "experiments/sngan_imagenet128_pod1024.gin": 1024,
+        "experiments/sngan_imagenet128_pod2048.gin": 2048}
 
 # Tiny networks, the session's small shapes build, a classifier trained for a few steps.
 SHAPES_SMALL = (
