@@ -35,6 +35,19 @@ def _in_memory(split: str, image_size: int, data_dir: Optional[str], num_train: 
     return tuple(np.concatenate([p[k] for p in parts]) for k in ("image", "label", "id"))
 
 
+def _dihedral(images: tf.Tensor, positions: tf.Tensor, seed: int) -> tf.Tensor:
+    """Each image of a batch under one of the 8 symmetries of the square (rotations by
+    multiples of 90 degrees, each with or without a flip), drawn from its position's
+    `order.example_seed`: the same for an example wherever and whenever it is read."""
+    draw = tf.map_fn(lambda p: tf.random.stateless_uniform([], order.example_seed(seed, p), maxval=8,
+                                                           dtype=tf.int32),
+                     positions, fn_output_signature=tf.int32)
+    bit = [tf.reshape(tf.equal(draw // 2**i % 2, 1), [-1, 1, 1, 1]) for i in range(3)]
+    images = tf.where(bit[0], tf.transpose(images, [0, 2, 1, 3]), images)
+    images = tf.where(bit[1], tf.reverse(images, [1]), images)
+    return tf.where(bit[2], tf.reverse(images, [2]), images)
+
+
 def _prepare(image, label, ids, standardize):
     image = tf.cast(image, tf.float32)
     image = tf.image.per_image_standardization(image) if standardize else image / 127.5 - 1.0
@@ -45,13 +58,18 @@ def _prepare(image, label, ids, standardize):
 def shapes_input(split: str, ctx: tf.distribute.InputContext, batch_size: int, training: bool,
                  seed: int = 0, deterministic: bool = False, image_size: int = 32,
                  data_dir: Optional[str] = None, num_train: Optional[int] = None,
-                 num_test: Optional[int] = None, standardize: bool = True) -> tf.data.Dataset:
+                 num_test: Optional[int] = None, standardize: bool = True,
+                 augment: bool = False) -> tf.data.Dataset:
     """The offline `shapes` dataset (generated locally on first use).
 
     Args (bindable): image_size (32 or 64), data_dir (TFDS data dir; default
     $TFDS_DATA_DIR or ~/tensorflow_datasets), num_train / num_test (smaller builds
     for tests), standardize (per-image zero mean and unit variance, which removes
-    the random background colour and brightness; False scales to [-1, 1]).
+    the random background colour and brightness; False scales to [-1, 1]), augment
+    (training only, off by default: each example turned by a random multiple of 90
+    degrees and flipped or not, drawn from its position; every shapes class is
+    mirror-symmetric and drawn at a uniformly random angle and position, so these keep
+    the label and the distribution of the images).
     """
     del deterministic  # both orders are deterministic: the seed fixes the permutations.
     from expframe.data import shapes  # pylint: disable=import-outside-toplevel
@@ -70,7 +88,10 @@ def shapes_input(split: str, ctx: tf.distribute.InputContext, batch_size: int, t
 
     def gather(positions):
         index = order.shuffled_index(positions, num, seed)
-        return _prepare(tf.gather(images, index), tf.gather(labels, index), tf.gather(ids, index), standardize)
+        batch = tf.gather(images, index)
+        if augment:
+            batch = _dihedral(batch, positions, seed)
+        return _prepare(batch, tf.gather(labels, index), tf.gather(ids, index), standardize)
 
     dataset = order.positions(ctx, order.start_example(ctx)).batch(batch_size, drop_remainder=True)
     return dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)

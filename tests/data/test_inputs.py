@@ -32,6 +32,37 @@ def test_shapes_order_is_global_and_resumes_by_index(data_dir):
     np.testing.assert_array_equal(resumed[1]["label"], reference[10]["label"][8:])
 
 
+def _d4(image):
+    """The 8 symmetries of the square applied to one HxWxC image."""
+    turns = [np.rot90(image, k) for k in range(4)]
+    return turns + [np.flip(t, 0) for t in turns]
+
+
+def test_shapes_augment_is_a_symmetry_of_the_square_drawn_by_position(data_dir):
+    def read(ctx, batch_size, count, augment):
+        ds = inputs.shapes_input("train", ctx, batch_size, training=True, seed=3, data_dir=str(data_dir),
+                                 num_train=512, num_test=64, augment=augment, standardize=False)
+        return list(ds.take(count).as_numpy_iterator())
+
+    plain, turned = read(InputContext(1, 0, 1), 16, 4, False), read(InputContext(1, 0, 1), 16, 4, True)
+    seen = set()
+    for a, b in zip(plain, turned, strict=True):
+        np.testing.assert_array_equal(a["id"], b["id"])
+        np.testing.assert_array_equal(a["label"], b["label"])
+        for x, y in zip(a["image"], b["image"], strict=True):
+            matches = [k for k, t in enumerate(_d4(x)) if np.array_equal(t, y)]
+            assert matches, "an augmented image is no symmetry of its original"
+            seen.add(matches[0])
+    assert len(seen) >= 6, seen  # 64 draws of 8 symmetries: not all the identity
+    # The draw follows the example's position: the same on 2 pipelines and when resumed.
+    for w in range(2):
+        share = read(InputContext(2, w, 4), 4, 8, True)
+        np.testing.assert_array_equal(np.concatenate([b["image"] for b in share]),
+                                      np.concatenate([b["image"] for b in turned])[w::2])
+    resumed = read(InputContext(1, 0, 1, start_example=32), 16, 1, True)
+    np.testing.assert_array_equal(resumed[0]["image"], turned[2]["image"])
+
+
 class ImagenetOrderTest(TestCase):
 
     def _mock(self, ctx, batch_size, count, **kwargs):
