@@ -1,6 +1,7 @@
 """D4PG with actor processes (`D4PGTask.num_actors`) through main.py: 2 actors exchange
-weights and transitions with the learner over RPC; a SIGKILLed actor is logged by id
-and the run goes on without hanging."""
+weights and transitions with the learner over RPC and the learner learns; a SIGKILLed
+actor is logged by id and the run goes on without hanging; SIGTERM to the learner
+checkpoints and leaves no actor behind."""
 
 import json
 import os
@@ -8,41 +9,86 @@ import signal
 import time
 
 import gin
+import keras
+import numpy as np
+import tensorflow as tf
 
 from expframe import config
+from expframe.models.d4pg import d4pg_policy
+from expframe.rl.actors import PolicyExecutor, episode_returns
+from expframe.rl.environments import control_suite
 from tests import main_runner as mr
 
 D4PG = "experiments/d4pg_control.gin"
-# Small networks, cartpole with 8 control steps per environment step (125-step episodes).
+# Small networks, cartpole with 8 control steps per environment step (125-step episodes,
+# rewards up to 8 a step, so discount 0.95 keeps returns under the critic's v_max 150),
+# 8 environment steps per learner step, targets copied every 20 learner steps.
 SMALL = ("Replicator.num_replicas = 1", "Trainer.global_batch_size = 64", "Trainer.steps_per_loop = 20",
          "Trainer.checkpoint_every_steps = 1000", "d4pg_policy.layer_sizes = (64, 64)",
-         "d4pg_critic.layer_sizes = (64, 64)", "control_suite.action_repeat = 8", "D4PGTask.min_replay_size = 500",
-         "D4PGTask.samples_per_insert = 32.0", "D4PGTask.eval_episodes = 5", "D4PGTask.num_actors = 2",
+         "d4pg_critic.layer_sizes = (64, 64)", "control_suite.action_repeat = 8", "D4PGTask.discount = 0.95",
+         "D4PGTask.min_replay_size = 500", "D4PGTask.samples_per_insert = 8.0",
+         "D4PGTask.target_update_period = 20", "D4PGTask.eval_episodes = 10", "D4PGTask.num_actors = 2",
          "D4PGTask.weights_every = 50", "actor/keras.optimizers.Adam.learning_rate = 1e-3",
          "critic/keras.optimizers.Adam.learning_rate = 1e-3")
+LEARNER_STEPS = 1000
 
 
+def _random_policy_return(episodes=30, seed=123):
+    """Mean return of uniformly random actions on the test's environment (cartpole/balance,
+    action_repeat 8): about 270 of 1000."""
+    environment, rng, returns = control_suite(action_repeat=8, seed=seed), np.random.default_rng(seed), []
+    for _ in range(episodes):
+        environment.reset()
+        total, last = 0.0, False
+        while not last:
+            _, reward, _, last = environment.step(rng.uniform(-1.0, 1.0, environment.action_size))
+            total += reward
+        returns.append(total)
+    return float(np.mean(returns))
 
 
-def test_two_actor_processes_feed_the_learner_over_rpc(tmp_path):
+def _untrained_policy_return(episodes=10, seed=123):
+    """Mean return of a freshly initialised policy of the test's size, without noise: its
+    actions are near 0 (the last layer starts near zero), which on cartpole/balance lets
+    the pole fall slowly (about 750 of 1000), far above random acting."""
+    keras.utils.set_random_seed(seed)
+    environment = control_suite(action_repeat=8, seed=seed)
+    policy = d4pg_policy(observation_size=environment.observation_size, action_size=environment.action_size,
+                         layer_sizes=(64, 64))
+    return float(np.mean(episode_returns(environment, PolicyExecutor(policy, environment.observation_size),
+                                         episodes)))
+
+
+def test_two_actor_processes_feed_the_learner_over_rpc_and_it_learns(tmp_path):
     model_dir = tmp_path / "run"
-    done = mr.run([D4PG], model_dir, tmp_path, SMALL + ("Trainer.train_steps = 100", "Trainer.log_every_steps = 20",
-                                                        "Trainer.eval_every_steps = 100"), timeout=240)
+    started = time.time()
+    done = mr.run([D4PG], model_dir, tmp_path, SMALL + (
+        f"Trainer.train_steps = {LEARNER_STEPS}", "Trainer.log_every_steps = 200", "Trainer.eval_every_steps = None"),
+        timeout=300)
+    took = time.time() - started
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     train = mr.metrics(model_dir, "train")
-    assert [r["step"] for r in train] == [20, 40, 60, 80, 100]
+    assert [r["step"] for r in train] == [200, 400, 600, 800, 1000]
     last = train[-1]
     # Transitions came from the actors at the configured ratio: 500 before learning, then
-    # 64 / 32 = 2 per learner step; actors run at most one host call plus a chunk ahead.
-    assert 500 + 2 * 100 <= last["env_steps"] <= 500 + 2 * 120 + 2 * (50 + 5), last
-    # The logged ratio is the measured one; actors may only run ahead, so it is <= 32.
-    assert abs(last["samples_per_insert"] - 100 * 64 / (last["env_steps"] - 500)) < 1e-6, last
-    assert 6400 / (2 * 120 + 2 * (50 + 5)) <= last["samples_per_insert"] <= 32.0, last   # the env_steps bounds above
+    # 64 / 8 = 8 per learner step; actors run at most one host call of 20 steps plus one
+    # chunk (50 steps + n_step 5) ahead.
+    ahead = 8 * 20 + 50 + 5
+    assert 500 + 8 * LEARNER_STEPS <= last["env_steps"] <= 500 + 8 * LEARNER_STEPS + ahead, last
+    # The logged ratio is the measured one; actors may only run ahead, so it is <= 8.
+    assert abs(last["samples_per_insert"] - LEARNER_STEPS * 64 / (last["env_steps"] - 500)) < 1e-6, last
+    assert LEARNER_STEPS * 64 / (8 * LEARNER_STEPS + ahead) <= last["samples_per_insert"] <= 8.0, last
     assert last["actors_alive"] == 2 and last["actor_restarts"] == 0
     assert last["replay_size"] == last["env_steps"]
-    result = json.loads((model_dir / "result.json").read_text())
-    assert 0.0 <= result["eval"]["episode_return"] <= 1000.0   # 125 steps x 8 control steps, reward <= 1
     assert "killed" not in done.stderr
+    # It learned: the noiseless policy beats random acting and the untrained policy
+    # (near-zero actions, already far above random on this task) by clear margins.
+    learned = json.loads((model_dir / "result.json").read_text())["eval"]["episode_return"]
+    random_return, untrained_return = _random_policy_return(), _untrained_policy_return()
+    print(f"2 actors, {LEARNER_STEPS} learner steps: eval return {learned:.1f} (random {random_return:.1f}, "
+          f"untrained {untrained_return:.1f}); {took:.0f} s")
+    assert learned >= random_return + 300, (learned, random_return)
+    assert learned >= untrained_return + 100, (learned, untrained_return)
 
 
 def test_killed_actor_is_logged_and_the_run_goes_on(tmp_path):
@@ -68,6 +114,49 @@ def test_killed_actor_is_logged_and_the_run_goes_on(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("D4PGTask: actor "), out[-3000:]
     assert "going on with 1 actor(s)" in lines[0]
     assert mr.metrics(model_dir, "train")[-1]["actors_alive"] == 1
+
+
+def test_sigterm_to_the_learner_checkpoints_and_stops_the_actors(tmp_path):
+    model_dir = tmp_path / "run"
+    proc = mr.start([D4PG], model_dir, tmp_path, SMALL + (
+        "Trainer.train_steps = 100000", "Trainer.log_every_steps = 20", "Trainer.eval_every_steps = None",
+        "Trainer.checkpoint_every_steps = 100000"))
+    try:
+        mr.wait_for_line(proc, "step 40/100000", timeout=180)
+        actors = _actor_pids(proc.pid)
+        assert len(actors) == 2, actors
+        proc.send_signal(signal.SIGTERM)
+        signalled_at = time.time()
+        out, _ = proc.communicate(timeout=60)
+        took = time.time() - signalled_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # As for every run (README, exit status): a checkpoint at the step reached, exit 0.
+    assert proc.returncode == 0, out[-3000:]
+    assert took < 30, took
+    assert "received SIGTERM" in out and "checkpoint saved" in out, out[-3000:]
+    step = int(tf.train.latest_checkpoint(str(model_dir / "checkpoints")).rsplit("-", 1)[1])
+    assert step >= 40 and step % 20 == 0
+    assert f"at step {step}:" in out
+    assert mr.metrics(model_dir, "train")[-1]["step"] <= step
+    assert not (model_dir / "result.json").exists()
+    # The actors stopped with the learner (the service closed): none is left running.
+    assert [pid for pid in actors if _is_actor(pid)] == [], actors
+    assert "killed" not in out
+
+
+def _is_actor(pid):
+    """Whether `pid` is a live (not zombie) actor process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return state != "Z" and b"expframe.rl.actor_process" in cmdline
 
 
 def _actor_pids(parent):

@@ -71,13 +71,15 @@ class ProcessActor:
         if not self.buffer.rows:
             return True
         transitions = self.buffer.drain()
-        started, delay = time.perf_counter(), 0.002
+        started, delay = time.perf_counter(), 0.001
         while True:
             accepted = self.client.insert(version, transitions, returns)
             if accepted != 0:
                 break
+            # Refused (the learner has not let this many in yet): retry soon, so the
+            # learner, which may be waiting for exactly these, waits at most ~10 ms more.
             time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            delay = min(delay * 2, 0.01)
         self.insert_wait_s += time.perf_counter() - started
         return accepted > 0
 
