@@ -53,6 +53,72 @@ class ProcessActorTest(TestCase):
             service.close()
 
 
+class _PublishingEnvironment:
+    """An environment that has the learner publish new weights just before chosen steps
+    (counted from 0 over the whole run), i.e. while the actor is in the middle of a chunk."""
+
+    def __init__(self, environment, publish_before):
+        self.environment, self.publish_before, self.steps = environment, publish_before, 0
+        self.observation_size, self.action_size = environment.observation_size, environment.action_size
+
+    def reset(self):
+        return self.environment.reset()
+
+    def step(self, action):
+        if self.steps in self.publish_before:
+            self.publish_before[self.steps]()
+        self.steps += 1
+        return self.environment.step(action)
+
+
+def _constant_action_weights(policy, action):
+    """Weights under which d4pg_policy outputs `action` for every observation: all zero
+    (layer norms give 0, tanh and elu keep it) but the last layer's bias, atanh(action)."""
+    weights = [np.zeros_like(w) for w in policy.get_weights()]
+    weights[-1] = np.full_like(weights[-1], np.arctanh(action))
+    return weights
+
+
+class WeightStalenessTest(TestCase):
+
+    def test_every_step_acts_with_weights_at_most_one_chunk_old(self):
+        # Version v of the weights makes the policy output v / 10 whatever it sees, and
+        # there is no exploration noise: each transition's action names the version it
+        # was acted with. Publishes land mid-chunk, several between two fetches.
+        keras.utils.set_random_seed(0)
+        policy = d4pg_policy(observation_size=5, action_size=1, layer_sizes=(16,))
+        service = LearnerService(_constant_action_weights(policy, 0.0), SHAPES, capacity=1000)
+        weights_every, chunks = 20, 6
+        published_before = [3, 20, 27, 28, 29, 61, 79, 80, 99, 100, 101, 118]
+        publish = {i: (lambda v=v: service.publish(_constant_action_weights(policy, v / 20)))
+                   for v, i in enumerate(published_before, start=1)}
+        try:
+            buffer = TransitionBuffer()
+            environment = _PublishingEnvironment(control_suite(seed=0), publish)
+            actor = SynchronousActor(environment, PolicyExecutor(policy, 5), NStepAdder(buffer, 1, 0.99),
+                                     sigma=0.0, seed=0)
+            runner = ProcessActor(ActorClient(service.address, 5), actor, buffer, weights_every)
+            reported, actions = [], []
+            for _ in range(chunks):
+                self.assertTrue(runner.step())
+                reported.append(service.versions_used[5])
+                actions.append(service.take()["action"][:, 0])
+            acted = np.rint(np.concatenate(actions) * 20).astype(int)   # the version behind each step
+            self.assertEqual(len(acted), weights_every * chunks)
+            for t, version in enumerate(acted):
+                fetched_at = t - t % weights_every
+                # The newest version when this step's chunk fetched its weights ...
+                self.assertEqual(version, sum(i < fetched_at for i in published_before), t)
+                # ... so never older than what was newest weights_every steps before (plus that fetch).
+                self.assertGreaterEqual(version, sum(i < t - weights_every + 1 for i in published_before), t)
+            # What the actor reports with each insert is the version it acted with.
+            self.assertEqual(reported, [acted[c * weights_every] for c in range(chunks)])
+            self.assertEqual(reported, [0, 1, 5, 5, 7, 9])
+            self.assertEqual(service.max_version_lag, 4)   # chunk 1 acted with 1 while 2..5 appeared
+        finally:
+            service.close()
+
+
 class ActorSubprocessTest(TestCase):
 
     def test_subprocess_fetches_weights_and_inserts_until_closed(self):
