@@ -1,9 +1,12 @@
 """experiments/d4pg_control.gin through main.py: a shrunk run on 2 replicas and its resume,
-an unknown Control Suite task (exit 2), and (slow) learning cartpole/balance to >= 800."""
+an unknown Control Suite task (exit 2), and (slow) learning cartpole/balance to >= 800, acting
+in the learner's process and with 2 actor processes (each prints its time to reach 800)."""
 
 import json
 import math
 import os
+import re
+import threading
 import time
 
 import gin
@@ -87,17 +90,58 @@ def test_unknown_task_exits_2_naming_the_valid_ones(tmp_path):
     assert not model_dir.exists() or not os.listdir(model_dir)
 
 
+def _timed_run(gin_files, model_dir, data_dir, params=(), timeout=3600):
+    """Runs main.py, stamping each evaluation with the seconds since the start.
+
+    Returns:
+      (return code, output, [(seconds, step, episode_return)], wall seconds).
+    """
+    started = time.time()
+    proc = mr.start(gin_files, model_dir, data_dir, params)
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    lines, evals = [], []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            found = re.match(r"eval at step (\d+): .*episode_return (-?[\d.]+)", line)
+            if found:
+                evals.append((round(time.time() - started), int(found[1]), round(float(found[2]), 1)))
+        proc.wait()
+    finally:
+        watchdog.cancel()
+    return proc.returncode, "".join(lines), evals, time.time() - started
+
+
+def _report(name, model_dir, evals, wall):
+    result = json.loads((model_dir / "result.json").read_text())
+    last = mr.metrics(model_dir, "train")[-1]
+    reached = next((seconds for seconds, _, value in evals if value >= 800), None)
+    print(f"{name}: eval (s, step, return) {evals}; first >= 800 at {reached} s; {wall:.0f} s end to end "
+          f"(training {result['wall_time_s']:.0f} s); {last['learner_steps_per_sec']:.1f} learner steps/s, "
+          f"{last.get('transitions_per_sec', last['env_steps_per_sec']):.0f} env steps/s")
+    return result
+
+
 @pytest.mark.slow
 def test_d4pg_control_learns_cartpole_balance(tmp_path):
     """As shipped: the final evaluation (10 episodes) averages >= 800 of 1000."""
     model_dir = tmp_path / "run"
-    started = time.time()
-    done = mr.run([D4PG], model_dir, tmp_path, timeout=3600)
-    wall = time.time() - started
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    result = json.loads((model_dir / "result.json").read_text())
+    code, out, evals, wall = _timed_run([D4PG], model_dir, tmp_path)
+    assert code == 0, out[-3000:]
+    result = _report("d4pg cartpole/balance, acting in the learner's process", model_dir, evals, wall)
+    assert result["eval"]["episode_return"] >= 800.0
+
+
+@pytest.mark.slow
+def test_d4pg_with_two_actor_processes_learns_cartpole_balance(tmp_path):
+    """The same learner (1 replica, batch 256, 32 samples per insert) fed by 2 actor
+    processes over RPC, the count that fits 2 cores: final evaluation >= 800 of 1000."""
+    model_dir = tmp_path / "run"
+    code, out, evals, wall = _timed_run(["experiments/d4pg_control_distributed.gin"], model_dir, tmp_path, (
+        "D4PGTask.num_actors = 2", "D4PGTask.actor_sigmas = (0.3, 0.3)", "Replicator.num_replicas = 1"))
+    assert code == 0, out[-3000:]
+    result = _report("d4pg cartpole/balance, 2 actor processes", model_dir, evals, wall)
     last = mr.metrics(model_dir, "train")[-1]
-    curve = [(r["step"], round(r["episode_return"], 1)) for r in mr.metrics(model_dir, "eval")]
-    print(f"d4pg cartpole/balance: eval {curve}; {wall:.0f} s end to end (training {result['wall_time_s']:.0f} s); "
-          f"{last['learner_steps_per_sec']:.1f} learner steps/s, {last['env_steps_per_sec']:.0f} env steps/s")
+    assert last["actors_alive"] == 2 and last["samples_per_insert"] <= 32.0, last
     assert result["eval"]["episode_return"] >= 800.0
