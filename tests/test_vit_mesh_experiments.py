@@ -2,9 +2,12 @@
 resume on another mesh shape, and (slow) learning to top-1 >= 0.90."""
 
 import json
+import os
+import signal
 import time
 
 import pytest
+import tensorflow as tf
 
 from tests import main_runner as mr
 
@@ -36,6 +39,39 @@ def test_model_dimension_not_divisible_exits_2(data_dir, tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "ViT.mlp_dim=33 is not divisible by the mesh's 'model' axis of size 2" in done.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sigterm_checkpoints_and_the_resumed_run_continues_as_uninterrupted(data_dir, tmp_path):
+    """SIGTERM on the mesh target: exit 0 with a checkpoint at the step reached; the rerun
+    resumes there and its losses are those of a run that was never stopped."""
+    params = SMALL + ("Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
+                      "Trainer.checkpoint_every_steps = 100000")
+    end = ("Trainer.train_steps = 12",)
+    # The uninterrupted run goes alongside (the two are independent): the test's time is two runs, not three.
+    straight = mr.start([VIT], tmp_path / "straight", data_dir, params + end, extra=["--mode=train"])
+    killed_dir = tmp_path / "killed"
+    proc = mr.start([VIT], killed_dir, data_dir, params + ("Trainer.train_steps = 100000",),
+                    extra=["--mode=train"])
+    mr.wait_for_line(proc, "step 3/")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out  # README: SIGTERM checkpoints and exits 0
+    assert "received SIGTERM" in out and "checkpoint saved" in out, out
+    step = int(tf.train.latest_checkpoint(os.path.join(killed_dir, "checkpoints")).rsplit("-", 1)[1])
+    assert 3 <= step < 12 and f"at step {step}:" in out, out
+    assert not (killed_dir / "result.json").exists()
+    assert [r["step"] for r in mr.metrics(killed_dir, "train")] == list(range(1, step + 1))
+
+    resumed = mr.run([VIT], killed_dir, data_dir, params + end, extra=["--mode=train", "--allow_config_change"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from step {step}" in resumed.stdout
+    straight_out, _ = straight.communicate(timeout=120)
+    assert straight.returncode == 0, straight_out[-3000:]
+    want = [(r["step"], r["loss"]) for r in mr.metrics(tmp_path / "straight", "train")]
+    got = [(r["step"], r["loss"]) for r in mr.metrics(killed_dir, "train")]
+    assert [s for s, _ in got] == [s for s, _ in want] == list(range(1, 13))
+    assert [loss for _, loss in got] == pytest.approx([loss for _, loss in want], abs=1e-5)
+    assert len({round(loss, 5) for _, loss in want}) > 1, "losses did not change: nothing was trained"
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ unsharded layer computes; on a mesh with `model` = m:
 - `HeadParallelAttention` gives each device heads/m of the heads (their query, key
   and value columns and their rows of the output projection): attention itself is
   local to a head, and the output projection is the pair's row half, one reduction.
-- `LayerNorm` and `PatchEmbedding` hold replicated variables.
+- `LayerNorm`, `PatchEmbedding` and `ConvStem` hold replicated variables.
 
 Activations keep the batch split over `batch` throughout.
 """
@@ -199,6 +199,41 @@ class PatchEmbedding(tf.Module):
         cls = tf.tile(self.cls, [batch, 1, 1])
         cls = mesh.relayout(cls, (BATCH, None, None), self.mesh)
         return tf.concat([cls, tokens], axis=1) + self.positions
+
+
+class ConvStem(tf.Module):
+    """3x3 convolutions of stride 2, each followed by layer norm over channels and ReLU
+    (replicated: every device convolves its share of the batch with whole kernels).
+
+    The convolutional stem of Xiao et al. 2021 ("Early convolutions help transformers
+    see better", arXiv 2106.14881): n such convolutions in front of a patch embedding
+    of patch p / 2^n see the image at the same token grid as a plain patch p.
+
+    Args:
+      channels: input channels.
+      widths: output channels of each convolution, in order.
+      seed: initializer seed.
+    """
+
+    def __init__(self, channels: int, widths, seed: int, name: Optional[str] = None):
+        super().__init__(name=name)
+        self.kernels, self.norms = [], []
+        for i, out in enumerate(widths):
+            fan_in = 9 * channels
+            # He initialization (ReLU follows), truncated normal.
+            self.kernels.append(mesh.variable(
+                lambda f=fan_in, o=out, c=channels, i=i: truncated_normal(seed + i, (2.0 / f) ** 0.5)([3, 3, c, o]),
+                (None, None, None, None), name=f"conv{i}"))
+            self.norms.append(LayerNorm(out, name=f"norm{i}"))
+            channels = out
+        self.channels = channels
+
+    def __call__(self, images: tf.Tensor) -> tf.Tensor:
+        """images: [batch, H, W, C] split over `batch` -> [batch, H / 2^n, W / 2^n, widths[-1]]."""
+        x = images
+        for kernel, norm in zip(self.kernels, self.norms, strict=True):
+            x = tf.nn.relu(norm(tf.nn.conv2d(x, kernel, strides=2, padding="SAME")))
+        return x
 
 
 def replicated_variable(init: Callable, shape, name: Optional[str] = None) -> tf.Variable:

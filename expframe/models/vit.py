@@ -6,7 +6,7 @@ mesh's `model` axis of size m, each block's MLP and attention heads are split m 
 with m = 1 it is an ordinary (data-parallel) ViT.
 """
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import gin
 import tensorflow as tf
@@ -50,16 +50,25 @@ class ViT(tf.Module):
       num_heads: attention heads per block; divides width and the mesh's `model` axis size.
       mlp_dim: hidden units of each block's MLP; divides by the `model` axis size.
       seed: initializer seed (the same weights on every mesh shape).
+      stem_widths: channels of an optional convolutional stem (`ConvStem`, Xiao et al.
+        2021): n 3x3 stride-2 convolutions before a patch embedding of patch_size / 2^n,
+        which 2^n must divide. Empty (the default): the plain ViT's linear patch embedding.
     """
 
     def __init__(self, num_classes: int = gin.REQUIRED, image_size: int = gin.REQUIRED, channels: int = 3,
                  patch_size: int = 8, width: int = 64, depth: int = 2, num_heads: int = 4,
-                 mlp_dim: int = 128, seed: int = 0, name: str = "vit"):
+                 mlp_dim: int = 128, seed: int = 0, stem_widths: Sequence[int] = (), name: str = "vit"):
         super().__init__(name=name)
         self.num_classes = num_classes
         if image_size % patch_size:
             raise ConfigError(f"ViT.patch_size={patch_size} does not divide ViT.image_size={image_size}.")
-        self.embed = tp.PatchEmbedding(image_size, patch_size, channels, width, seed, name="embed")
+        stride = 2 ** len(stem_widths)
+        if patch_size % stride:
+            raise ConfigError(f"ViT.stem_widths={tuple(stem_widths)} has {len(stem_widths)} stride-2 convolutions: "
+                              f"{stride} must divide ViT.patch_size={patch_size}; use fewer or a larger patch.")
+        self.stem = tp.ConvStem(channels, stem_widths, seed + 50, name="stem") if stem_widths else None
+        self.embed = tp.PatchEmbedding(image_size // stride, patch_size // stride,
+                                       self.stem.channels if self.stem else channels, width, seed, name="embed")
         self.blocks: List[EncoderBlock] = [EncoderBlock(width, num_heads, mlp_dim, seed + 100 * (i + 1),
                                                         name=f"block{i}") for i in range(depth)]
         self.norm = tp.LayerNorm(width, name="norm")
@@ -69,7 +78,8 @@ class ViT(tf.Module):
 
     def __call__(self, images: tf.Tensor) -> tf.Tensor:
         """images: [batch, H, W, C] split over `batch` -> logits [batch, num_classes]."""
-        x = self.embed(tf.cast(images, tf.float32))
+        x = tf.cast(images, tf.float32)
+        x = self.embed(self.stem(x) if self.stem else x)
         for block in self.blocks:
             x = block(x)
         return tf.matmul(self.norm(x)[:, 0], self.head_kernel) + self.head_bias

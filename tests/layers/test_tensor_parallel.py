@@ -86,6 +86,34 @@ class TensorParallelTest(TestCase):
             loss = tf.reduce_mean((h @ weights[2] + weights[3]) ** 2)
         np.testing.assert_allclose(mesh.to_host(grad), tape.gradient(loss, up_k), atol=1e-6)
 
+    @parameterized.named_parameters(*MESHES[:2])
+    def test_conv_stem_equals_unsharded(self, batch, model):
+        images = np.random.RandomState(2).randn(4, 8, 8, 3).astype(np.float32)
+        with mesh.use_mesh(mesh.make_mesh({"batch": batch, "model": model})):
+            stem = tp.ConvStem(3, (8, 16), seed=4)
+
+            @tf.function
+            def forward(x):
+                with tf.GradientTape() as tape:
+                    y = stem(x)
+                    loss = tf.reduce_mean(y ** 2)
+                return y, tape.gradient(loss, stem.kernels[0])
+
+            y, grad = forward(mesh.shard_batch(images))
+        self.assertEqual(mesh.axes_of(stem.kernels[1]), [None] * 4)  # replicated
+        kernels = [tf.Variable(mesh.to_host(k)) for k in stem.kernels]
+        with tf.GradientTape() as tape:
+            x = tf.constant(images)
+            for k in kernels:  # norm scale 1 and offset 0 at initialization
+                x = tf.nn.conv2d(x, k, strides=2, padding="SAME")
+                mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+                x = tf.nn.relu((x - mean) * tf.math.rsqrt(variance + 1e-6))
+            loss = tf.reduce_mean(x ** 2)
+        self.assertEqual(mesh.to_host(y).shape, (4, 2, 2, 16))
+        np.testing.assert_allclose(mesh.to_host(y), x, atol=1e-5)
+        np.testing.assert_allclose(mesh.to_host(grad), tape.gradient(loss, kernels[0]), atol=1e-6)
+        self.assertGreater(np.abs(mesh.to_host(grad)).max(), 1e-4)
+
     def test_missing_reduction_is_noticed(self):
         """Negative control: the output of one device's row shard, without the all-reduce
         over `model`, misses the other shards' partial sums by far more than the tolerance."""

@@ -23,11 +23,11 @@ LABELS = _RNG.randint(0, 4, size=(10, 8)).astype(np.int32)
 class Run:
     """A tiny ViT and MeshAdam on a mesh Replicator, trained by Replicator.run."""
 
-    def __init__(self, batch: int, model: int, drop_reduction: bool = False):
+    def __init__(self, batch: int, model: int, drop_reduction: bool = False, stem_widths=()):
         self.rep = xf.Replicator(target="mesh", mesh_shape={"batch": batch, "model": model})
         with self.rep.scope():
             self.model = ViT(num_classes=4, image_size=8, patch_size=4, width=16, depth=1, num_heads=4,
-                             mlp_dim=32, seed=3)
+                             mlp_dim=32, seed=3, stem_widths=stem_widths)
             self.opt = MeshAdam(learning_rate=0.01)
             self.opt.build(self.model.trainable_variables)
         self.drop_reduction = drop_reduction
@@ -79,6 +79,21 @@ class MeshTest(TestCase):
             for slot in run.opt.slots[index[id(kernel)]]:
                 self.assertEqual(mesh.shard_shapes(slot), [quarter] * 4)
                 self.assertEqual(mesh.axes_of(slot), mesh.axes_of(kernel))
+
+    def test_conv_stem_trains_the_same_on_1x1_and_2x2(self):
+        runs = {shape: Run(*shape, stem_widths=(8,)) for shape in ((1, 1), (2, 2))}
+        before = mesh.to_host(runs[(1, 1)].model.stem.kernels[0])
+        losses = {shape: run.train(0, 4) for shape, run in runs.items()}
+        np.testing.assert_allclose(losses[(2, 2)], losses[(1, 1)], atol=1e-5)
+        self.assertGreater(np.abs(mesh.to_host(runs[(1, 1)].model.stem.kernels[0]) - before).max(), 1e-3)
+        for name, value in runs[(1, 1)].weights().items():
+            np.testing.assert_allclose(runs[(2, 2)].weights()[name], value, atol=1e-5, err_msg=name)
+
+    def test_stem_that_does_not_divide_the_patch_is_config_error(self):
+        with mesh.use_mesh(mesh.make_mesh({"batch": 1, "model": 1})):
+            with self.assertRaisesRegex(ConfigError, r"ViT.stem_widths=\(8, 8, 8\) has 3 stride-2 convolutions: "
+                                                     r"8 must divide ViT.patch_size=4"):
+                ViT(num_classes=4, image_size=8, patch_size=4, stem_widths=(8, 8, 8))
 
     def test_checkpoint_from_2x2_resumes_on_1x4_and_4x1(self):
         straight = Run(2, 2)
