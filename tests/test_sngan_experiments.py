@@ -182,6 +182,7 @@ def _initial_fid(gin_file, data_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_sngan_shapes_learns_class_conditional_samples(tmp_path):
     """As shipped, on 2 CPU replicas: sample class accuracy >= 0.8 and FID <= 1/4 of its
     value at initialisation (`python -m pytest -q -m slow tests/test_sngan_experiments.py`)."""
