@@ -94,13 +94,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps, a shorter acting window")
     args = parser.parse_args()
     steps, seconds = (200, 15.0) if args.quick else (600, 40.0)
-    results = {"cpu": cpu_name(), "cores": os.cpu_count(), "quick": args.quick, "learner": {}, "actors": {}}
+    # Other jobs on the machine slow both sides of every ratio; the load says how busy it was.
+    results = {"cpu": cpu_name(), "cores": os.cpu_count(), "quick": args.quick,
+               "load_average_at_start": round(os.getloadavg()[0], 2), "learner": {}, "actors": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for replicas in (1, 2):
             results["learner"][replicas] = learner_rate(replicas, steps, tmp)
         for k in (1, 2):
             results["actors"][k] = actor_rates(k, seconds, tmp)
-    print(f"D4PG throughput on {results['cpu']} ({results['cores']} cores)")
+    results["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    print(f"D4PG throughput on {results['cpu']} ({results['cores']} cores; load average "
+          f"{results['load_average_at_start']} at start, {results['load_average_at_end']} at end)")
     print(f"{'what':<34}{'1':>12}{'2':>12}{'2 / 1':>8}")
     l1, l2 = results["learner"][1], results["learner"][2]
     print(f"{'learner updates/s (replicas)':<34}{l1:>12.1f}{l2:>12.1f}{l2 / l1:>8.2f}")
