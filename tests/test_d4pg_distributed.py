@@ -31,7 +31,7 @@ SMALL = ("Replicator.num_replicas = 1", "Trainer.global_batch_size = 64", "Train
          "D4PGTask.target_update_period = 20", "D4PGTask.eval_episodes = 10", "D4PGTask.num_actors = 2",
          "D4PGTask.weights_every = 50", "actor/keras.optimizers.Adam.learning_rate = 1e-3",
          "critic/keras.optimizers.Adam.learning_rate = 1e-3")
-LEARNER_STEPS = 1000
+LEARNER_STEPS = 2000   # measured: final eval return 984 to 999.5 in 7 of 7 runs; at 1,000, 384 in 1 of 5
 
 
 def _random_policy_return(episodes=30, seed=123):
@@ -64,12 +64,12 @@ def test_two_actor_processes_feed_the_learner_over_rpc_and_it_learns(tmp_path):
     model_dir = tmp_path / "run"
     started = time.time()
     done = mr.run([D4PG], model_dir, tmp_path, SMALL + (
-        f"Trainer.train_steps = {LEARNER_STEPS}", "Trainer.log_every_steps = 200", "Trainer.eval_every_steps = None"),
+        f"Trainer.train_steps = {LEARNER_STEPS}", "Trainer.log_every_steps = 500", "Trainer.eval_every_steps = None"),
         timeout=300)
     took = time.time() - started
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     train = mr.metrics(model_dir, "train")
-    assert [r["step"] for r in train] == [200, 400, 600, 800, 1000]
+    assert [r["step"] for r in train] == list(range(500, LEARNER_STEPS + 1, 500))
     last = train[-1]
     # Transitions came from the actors at the configured ratio: 500 before learning, then
     # 64 / 8 = 8 per learner step; actors run at most one host call of 20 steps plus one
