@@ -121,9 +121,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     buffer = TransitionBuffer()
     actor = SynchronousActor(environment, PolicyExecutor(policy, obs), NStepAdder(buffer, task.n_step, task.discount),
                              sigma=args.sigma, seed=int(noise_seed))
-    runner = ProcessActor(ActorClient(args.address, args.actor_id), actor, buffer, args.weights_every)
-    parent, code = os.getppid(), 0
+    runner, parent, code = None, os.getppid(), 0
     try:
+        runner = ProcessActor(ActorClient(args.address, args.actor_id), actor, buffer, args.weights_every)
         while runner.step():
             if os.getppid() != parent:
                 print(f"actor {args.actor_id}: the learner process is gone; stopping", file=sys.stderr)
@@ -133,7 +133,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"actor {args.actor_id}: the learner at {args.address} does not answer "
               f"({type(error).__name__}); stopping", file=sys.stderr)
         code = 1
-    if args.stats_file:
+    if args.stats_file and runner is not None:
         with open(args.stats_file + ".tmp", "w", encoding="utf-8") as f:
             json.dump(runner.stats(), f)
         os.replace(args.stats_file + ".tmp", args.stats_file)
