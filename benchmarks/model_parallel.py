@@ -3,12 +3,13 @@
     python benchmarks/model_parallel.py            # ViT widths 64 and 256, 30 timed steps each
     python benchmarks/model_parallel.py --quick    # 5 timed steps
 
-For the ViT of experiments/vit_shapes_mesh.gin (32x32 images, patch 8, depth 2, MLP
-2x width) at two widths, on meshes batch x model = 4x1 (data parallel), 2x2 and 1x4
-(tensor parallel), all over the same 4 logical CPU devices: the bytes of parameters
-and of MeshAdam's slots that ONE device holds (read from its shards), and training
-examples/s at global batch 64 (median of timed steps after two warm-up steps). The
-meshes are timed one after another in the same process, so the ratios compare like
+For the ViT of experiments/vit_shapes_mesh.gin (32x32 images, its replicated conv
+stem of 16, 32, 64 channels, a 4x4 token grid, depth 2, MLP 2x width) at two widths,
+on meshes batch x model = 4x1 (data parallel), 2x2 and 1x4 (tensor parallel), all
+over the same 4 logical CPU devices: the bytes of parameters and of MeshAdam's slots
+that ONE device holds (read from its shards), and training examples/s at global
+batch 64 (median of timed steps after two warm-up steps). The meshes are timed one
+after another in the same process, so the ratios compare like
 with like; the absolute rates depend on the machine's load.
 """
 
@@ -47,7 +48,7 @@ def measure(width: int, batch: int, model: int, steps: int) -> dict:
     rep = expframe.Replicator(target="mesh", mesh_shape={"batch": batch, "model": model})
     with rep.scope():
         vit = ViT(num_classes=10, image_size=32, patch_size=8, width=width, depth=2, num_heads=4,
-                  mlp_dim=2 * width, seed=0)
+                  mlp_dim=2 * width, seed=0, stem_widths=(16, 32, 64))
         opt = MeshAdam(learning_rate=1e-3)
         opt.build(vit.trainable_variables)
 
