@@ -44,8 +44,9 @@ def test_model_dimension_not_divisible_exits_2(data_dir, tmp_path):
 def test_sigterm_checkpoints_and_the_resumed_run_continues_as_uninterrupted(data_dir, tmp_path):
     """SIGTERM on the mesh target: exit 0 with a checkpoint at the step reached; the rerun
     resumes there and its losses are those of a run that was never stopped."""
+    # No warm-up: the full rate from the first step, so that weights restored wrongly would show in the losses.
     params = SMALL + ("Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
-                      "Trainer.checkpoint_every_steps = 100000")
+                      "Trainer.checkpoint_every_steps = 100000", "WarmupSchedule.warmup_epochs = 0")
     end = ("Trainer.train_steps = 12",)
     # The uninterrupted run goes alongside (the two are independent): the test's time is two runs, not three.
     straight = mr.start([VIT], tmp_path / "straight", data_dir, params + end, extra=["--mode=train"])
