@@ -76,8 +76,8 @@ class ProcessActor:
             accepted = self.client.insert(version, transitions, returns)
             if accepted != 0:
                 break
-            # Refused (the learner has not let this many in yet): retry soon, so the
-            # learner, which may be waiting for exactly these, waits at most ~10 ms more.
+            # Refused: the service held it insert_wait_s without room appearing (the
+            # learner has not let this many in yet). Retry soon: the next try is held again.
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
         self.insert_wait_s += time.perf_counter() - started

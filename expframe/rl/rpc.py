@@ -13,8 +13,9 @@ the learner can check how stale acting was (`max_version_lag`). An insert is ref
 (the actor waits and retries) when it would take the pending transitions over
 `capacity` (a fast actor cannot exhaust memory) or the inserted total over the limit
 the learner sets with `allow` (the samples-per-insert ratio: actors wait for the
-learner). Bound to 127.0.0.1 by default; give `address='0.0.0.0:PORT'` (or a host's
-address) to serve actors on other machines.
+learner); such an insert is first held up to `insert_wait_s` in case room appears.
+Bound to 127.0.0.1 by default; give `address='0.0.0.0:PORT'` (or a host's address)
+to serve actors on other machines.
 """
 
 import socket
@@ -49,14 +50,17 @@ class LearnerService:
       shapes: shape of one transition's field, for each name in `FIELDS`.
       capacity: most transitions pending (inserted, not yet taken).
       address: host:port to bind; port 0 picks a free one.
+      insert_wait_s: how long an insert that does not fit waits for room before it is
+        refused (the actor then retries).
     """
 
     def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], capacity: int,
-                 address: str = "127.0.0.1:0"):
+                 address: str = "127.0.0.1:0", insert_wait_s: float = 0.05):
         host, port = address.rsplit(":", 1)
         port = int(port) or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
         self.address = f"{host}:{port}"
         self.capacity = int(capacity)
+        self.insert_wait_s = float(insert_wait_s)
         self._lock = threading.Condition()
         self._weights = [np.array(w) for w in weights]
         self.version = 0
@@ -154,7 +158,17 @@ class LearnerService:
 
     def _insert(self, actor_id, version, observation, action, reward, discount, next_observation, returns):
         count = len(reward)
+        deadline = time.monotonic() + self.insert_wait_s
         with self._lock:
+            # Held here (not refused at once) while the learner may still let it in: the
+            # insert goes through the moment `allow` or `take` makes room, and the actor
+            # does not poll (each poll is an RPC, CPU on both sides of a shared machine).
+            while not self.closed and (self._pending_count + count > self.capacity or (
+                    self._limit is not None and self.inserted + count > self._limit)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(left)
             over_limit = self._limit is not None and self.inserted + count > self._limit
             if self.closed or over_limit or self._pending_count + count > self.capacity:
                 self.refused += 1
