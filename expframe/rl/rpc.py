@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 FIELDS = ("observation", "action", "reward", "discount", "next_observation")
+MAX_HELD_INSERTS = 8   # inserts held at once waiting for room; the CPU target has 16 inter-op threads
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -61,6 +62,7 @@ class LearnerService:
         self.address = f"{host}:{port}"
         self.capacity = int(capacity)
         self.insert_wait_s = float(insert_wait_s)
+        self._held = 0
         self._lock = threading.Condition()
         self._weights = [np.array(w) for w in weights]
         self.version = 0
@@ -163,12 +165,19 @@ class LearnerService:
             # Held here (not refused at once) while the learner may still let it in: the
             # insert goes through the moment `allow` or `take` makes room, and the actor
             # does not poll (each poll is an RPC, CPU on both sides of a shared machine).
+            # A held insert keeps one of the learner's TensorFlow inter-op threads, so at
+            # most `MAX_HELD_INSERTS` are held at once; others are refused at once.
+            held = False
             while not self.closed and (self._pending_count + count > self.capacity or (
                     self._limit is not None and self.inserted + count > self._limit)):
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or (not held and self._held >= MAX_HELD_INSERTS):
                     break
+                if not held:
+                    held, self._held = True, self._held + 1
                 self._lock.wait(left)
+            if held:
+                self._held -= 1
             over_limit = self._limit is not None and self.inserted + count > self._limit
             if self.closed or over_limit or self._pending_count + count > self.capacity:
                 self.refused += 1

@@ -1,8 +1,11 @@
 """The learner's RPC service: weights out with versions, transitions in, bounded inserts."""
 
+import threading
+import time
+
 import numpy as np
 
-from expframe.rl.rpc import FIELDS, ActorClient, LearnerService
+from expframe.rl.rpc import FIELDS, MAX_HELD_INSERTS, ActorClient, LearnerService
 from tests.support import TestCase
 
 SHAPES = {"observation": (3,), "action": (1,), "reward": (), "discount": (), "next_observation": (3,)}
@@ -70,6 +73,38 @@ class LearnerServiceTest(TestCase):
         self.service.allow(6)
         self.assertEqual(self.client.insert(0, _transitions(3), []), 1)
         self.assertEqual(self.service.inserted, 6)
+
+    def test_an_insert_that_does_not_fit_is_held_until_allowed(self):
+        service = LearnerService(self.weights, SHAPES, capacity=100, insert_wait_s=60.0)
+        try:
+            service.allow(2)
+            clients = [ActorClient(service.address, actor_id=i, timeout_s=90) for i in range(MAX_HELD_INSERTS + 1)]
+            results = {}
+
+            def insert(i):
+                results[i] = clients[i].insert(0, _transitions(3, start=10.0 * i), [])
+
+            threads = [threading.Thread(target=insert, args=(i,)) for i in range(MAX_HELD_INSERTS)]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 30
+            while service._held < MAX_HELD_INSERTS:   # pylint: disable=protected-access
+                self.assertLess(time.monotonic(), deadline, f"held: {results}")
+                time.sleep(0.01)
+            # One more than may be held: refused at once, while the others are still held
+            # (had it been held, its 60 s would have outlasted theirs, started earlier).
+            self.assertEqual(clients[-1].insert(0, _transitions(3), []), 0)
+            self.assertTrue(all(thread.is_alive() for thread in threads))
+            self.assertEqual((service.refused, service.inserted), (1, 0))
+            # Room appears: every held insert goes through, without a retry.
+            service.allow(3 * MAX_HELD_INSERTS)
+            for thread in threads:
+                thread.join(timeout=60)
+            self.assertEqual(results, {i: 1 for i in range(MAX_HELD_INSERTS)})
+            self.assertEqual((service.refused, service.inserted), (1, 3 * MAX_HELD_INSERTS))
+            self.assertEqual(sorted(service.take()["reward"][::3]), [10.0 * i for i in range(MAX_HELD_INSERTS)])
+        finally:
+            service.close()
 
     def test_version_lag_is_recorded(self):
         for _ in range(3):
