@@ -6,7 +6,8 @@ cores instead of fighting over them. Inter-op threads are left alone: they mostl
 wait, and the `cpu` target sizes its own pool for its logical devices
 (expframe/replicator/targets.py), which an environment value could not override.
 
-A finished run (its `result.json` written under the same `config.gin`) is skipped;
+A finished run (its `result.json` written under the same parsed configuration,
+`parsed_config.gin`, so an edit inside an included gin file counts) is skipped;
 any other starts `main.py` again, which resumes from its checkpoint. Each attempt's
 exit status, last error line and wall time go to `<root>/logs/<name>.json`, its output
 to `<root>/logs/<name>.log` (and to this process's stdout, prefixed `[k/N]`). A run
@@ -57,15 +58,16 @@ def command(study: Study, run: Run, root: str, mode: str = "train_and_eval", mai
             + [f"--model_dir={os.path.join(root, run.name)}", f"--mode={mode}"])
 
 
-def is_finished(model_dir: str, config_text: Optional[str]) -> bool:
-    """Whether the run wrote its result.json, under config_text if one is given."""
+def is_finished(model_dir: str, parsed_config: Optional[str]) -> bool:
+    """Whether the run wrote its result.json, under parsed_config (the text of its
+    parsed_config.gin) if one is given."""
     if not os.path.isfile(os.path.join(model_dir, "result.json")):
         return False
-    if config_text is None:
+    if parsed_config is None:
         return True
     try:
-        with open(os.path.join(model_dir, "config.gin"), encoding="utf-8") as f:
-            return f.read() == config_text
+        with open(os.path.join(model_dir, "parsed_config.gin"), encoding="utf-8") as f:
+            return f.read() == parsed_config
     except OSError:
         return False
 
@@ -184,8 +186,9 @@ def run_study(study: Study, root: str, config_texts: Optional[Mapping[str, str]]
     Args:
       study: the study.
       root: the study's root directory; run `r` writes into `<root>/<r.name>`.
-      config_texts: run name -> expected config.gin text (from `spec.validate`): a
-        run counts as finished only if its config.gin matches. None: any result.json.
+      config_texts: run name -> expected parsed_config.gin text (from
+        `spec.validate`): a run counts as finished only if its parsed_config.gin
+        matches. None: any result.json.
       parallel: runs at once, capped at the available cores.
       mode: main.py's --mode.
       echo: copy the runs' output to stdout, prefixed with `[k/N]`.

@@ -335,7 +335,9 @@ def validate(study: Study) -> dict[str, str]:
     """Parses the base, every swept value and every run with `expframe.config.parse`.
 
     Returns:
-      run name -> its config text as given (what main.py writes to config.gin).
+      run name -> what its gin files and bindings parse to (`gin.config_str()`:
+      includes expanded, later bindings win), the text main.py writes to
+      parsed_config.gin; a run counts as finished only under the same text.
 
     Raises:
       ConfigError: one line naming the study file line or flag, the binding and
@@ -359,9 +361,10 @@ def validate(study: Study) -> dict[str, str]:
         texts = {}
         for run in study.runs():
             try:
-                texts[run.name] = config.parse(study.gin_files, study.gin_params + run.gin_params)
+                config.parse(study.gin_files, study.gin_params + run.gin_params)
             except ConfigError as e:
                 raise ConfigError(f"run {run.name}: {e}") from None
+            texts[run.name] = gin.config_str()
         return texts
     finally:
         gin.clear_config()

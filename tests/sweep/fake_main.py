@@ -1,6 +1,6 @@
 """A stand-in for main.py in runner tests: same flags, same run files, no TensorFlow.
 
-It reads `--gin_param`s and `--model_dir`, writes config.gin, metrics.jsonl and
+It reads `--gin_param`s and `--model_dir`, writes config.gin, parsed_config.gin, metrics.jsonl and
 result.json like a run of `Trainer.train_steps` steps, and records its environment
 (env.json) and how many times it started (starts.txt). A learning rate of 1e30
 fails like a NaN loss (exit 1, `error: ...` on stderr); `fake.sleep_s = S` sleeps
@@ -23,8 +23,9 @@ def main(argv):
         f.write(f"{time.time()}\n")
     with open(os.path.join(model_dir, "env.json"), "w") as f:
         json.dump({"TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS")}, f)
-    with open(os.path.join(model_dir, "config.gin"), "w") as f:
-        f.write("\n".join(params) + "\n")
+    for name in ("config.gin", "parsed_config.gin"):  # the fake's "parsed" config: its bindings
+        with open(os.path.join(model_dir, name), "w") as f:
+            f.write("\n".join(params) + "\n")
     time.sleep(float(bindings.get("fake.sleep_s", 0)))
     if bindings.get("fake.kill_self") == "True":  # e.g. the kernel's OOM killer
         os.kill(os.getpid(), signal.SIGKILL)

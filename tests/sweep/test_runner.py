@@ -71,14 +71,15 @@ def test_failed_run_is_recorded_while_the_others_finish_and_rerun_skips_finished
     assert len(runner.read_record(root, names[1])["attempts"]) == 2
 
 
-def test_finished_means_result_json_under_the_same_config(tmp_path):
+def test_finished_means_result_json_under_the_same_parsed_config(tmp_path):
     root = str(tmp_path / "study")
     study = _study("run_experiment.seed=[0, 1]")
     names = [r.name for r in study.runs()]
     runner.run_study(study, root, main_py=FAKE_MAIN, echo=False)
-    given = {n: open(os.path.join(root, n, "config.gin")).read() for n in names}
-    # config.gin differs for the second run: not finished; main.py decides (resume or refuse).
-    texts = {names[0]: given[names[0]], names[1]: "something else\n"}
+    parsed = {n: open(os.path.join(root, n, "parsed_config.gin")).read() for n in names}
+    # parsed_config.gin differs for the second run (e.g. an included file was edited):
+    # not finished; main.py decides (resume or refuse).
+    texts = {names[0]: parsed[names[0]], names[1]: "something else\n"}
     again = runner.run_study(study, root, texts, main_py=FAKE_MAIN, echo=False)
     assert again[names[0]] is None and again[names[1]]["exit_code"] == 0
     assert [_starts(root, n) for n in names] == [1, 2]
