@@ -63,3 +63,23 @@ def wait_for_line(proc, needle, timeout=240):
         if needle in line:
             return lines
     raise AssertionError(f"{needle!r} never appeared; output:\n{''.join(lines)}")
+
+
+def proc_state(pid):
+    """(state letter, parent pid) of a process from /proc/<pid>/stat, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def child_pids(parent, zombies=False):
+    """The pids whose parent is `parent`, sorted; zombies (exited, not reaped) only if asked."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        state = proc_state(entry) if entry.isdigit() else None
+        if state is not None and state[1] == parent and (zombies or state[0] != "Z"):
+            pids.append(int(entry))
+    return sorted(pids)

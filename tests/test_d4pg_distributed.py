@@ -137,31 +137,26 @@ def test_killed_actor_is_logged_the_run_goes_on_and_sigterm_stops_it_cleanly(tmp
 
 def _is_actor(pid):
     """Whether `pid` is a live (not zombie) actor process."""
+    state = mr.proc_state(pid)
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
     except OSError:
         return False
-    return state != "Z" and b"expframe.rl.actor_process" in cmdline
+    return state is not None and state[0] != "Z" and b"expframe.rl.actor_process" in cmdline
 
 
 def _actor_pids(parent):
+    """The actor processes the learner `parent` started (zombies included, as started)."""
     pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in mr.child_pids(parent, zombies=True):
         try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"expframe.rl.actor_process" in f.read():
+                    pids.append(pid)
         except OSError:
             continue
-        if ppid == parent and b"expframe.rl.actor_process" in cmdline:
-            pids.append(int(entry))
-    return sorted(pids)
+    return pids
 
 
 DISTRIBUTED = "experiments/d4pg_control_distributed.gin"

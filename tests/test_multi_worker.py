@@ -108,20 +108,14 @@ class Cluster:
     def task_pids(self):
         """{"worker 0": pid, ...}: the launcher's children, by the TF_CONFIG task in their environment."""
         found = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
+        for pid in mr.child_pids(self.proc.pid, zombies=True):
             try:
-                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                if ppid != self.proc.pid:
-                    continue
-                with open(f"/proc/{entry}/environ", "rb") as f:
+                with open(f"/proc/{pid}/environ", "rb") as f:
                     env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
             except (OSError, ValueError, IndexError):
                 continue
             task = json.loads(env[b"TF_CONFIG"])["task"]
-            found[f"{task['type']} {task['index']}"] = int(entry)
+            found[f"{task['type']} {task['index']}"] = pid
         self.pids.update(found)
         return found
 
