@@ -158,6 +158,12 @@ class LearnerService:
         with self._lock:
             return [np.int64(-1 if self.closed else self.version)] + self._weights
 
+    def _fits(self, count: int) -> bool:
+        """Whether `count` more transitions fit both bounds: pending transitions under
+        `capacity`, the inserted total under the learner's `allow` limit (lock held)."""
+        return self._pending_count + count <= self.capacity and (
+            self._limit is None or self.inserted + count <= self._limit)
+
     def _insert(self, actor_id, version, observation, action, reward, discount, next_observation, returns):
         count = len(reward)
         deadline = time.monotonic() + self.insert_wait_s
@@ -168,8 +174,7 @@ class LearnerService:
             # A held insert keeps one of the learner's TensorFlow inter-op threads, so at
             # most `MAX_HELD_INSERTS` are held at once; others are refused at once.
             held = False
-            while not self.closed and (self._pending_count + count > self.capacity or (
-                    self._limit is not None and self.inserted + count > self._limit)):
+            while not self.closed and not self._fits(count):
                 left = deadline - time.monotonic()
                 if left <= 0 or (not held and self._held >= MAX_HELD_INSERTS):
                     break
@@ -178,8 +183,7 @@ class LearnerService:
                 self._lock.wait(left)
             if held:
                 self._held -= 1
-            over_limit = self._limit is not None and self.inserted + count > self._limit
-            if self.closed or over_limit or self._pending_count + count > self.capacity:
+            if self.closed or not self._fits(count):
                 self.refused += 1
                 return np.int64(-1 if self.closed else 0)
             arrays = (observation, action, reward, discount, next_observation)
