@@ -83,3 +83,9 @@ def child_pids(parent, zombies=False):
         if state is not None and state[1] == parent and (zombies or state[0] != "Z"):
             pids.append(int(entry))
     return sorted(pids)
+
+
+def latest_step(model_dir):
+    """The step of model_dir's newest checkpoint (checkpoints/ckpt-<step>)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return int(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).rsplit("-", 1)[1])

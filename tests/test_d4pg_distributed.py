@@ -12,7 +12,6 @@ import time
 import gin
 import keras
 import numpy as np
-import tensorflow as tf
 
 from expframe import config
 from expframe.models.d4pg import d4pg_policy
@@ -125,7 +124,7 @@ def test_killed_actor_is_logged_the_run_goes_on_and_sigterm_stops_it_cleanly(tmp
     assert proc.returncode == 0, out[-3000:]
     assert took < 30, took
     assert "received SIGTERM" in out and "checkpoint saved" in out, out[-3000:]
-    saved = int(tf.train.latest_checkpoint(str(model_dir / "checkpoints")).rsplit("-", 1)[1])
+    saved = mr.latest_step(model_dir)
     assert saved >= step + 60 and saved % 20 == 0 and f"at step {saved}:" in out, (saved, out[-3000:])
     train = mr.metrics(model_dir, "train")
     assert train[-1]["step"] <= saved and train[-1]["actors_alive"] == 1

@@ -26,10 +26,6 @@ def _weights(model_dir):
     return {n: reader.get_tensor(n) for n in names}
 
 
-def _latest_step(model_dir):
-    return int(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).rsplit("-", 1)[1])
-
-
 def test_quickstart_smoke_writes_every_output(data_dir, tmp_path):
     model_dir = tmp_path / "run"
     done = mr.run([QUICKSTART], model_dir, data_dir, mr.SMALL + ("Trainer.train_steps = 4",))
@@ -38,7 +34,7 @@ def test_quickstart_smoke_writes_every_output(data_dir, tmp_path):
         assert (model_dir / name).is_file(), name
     assert glob.glob(str(model_dir / "train" / "events.out.tfevents.*"))
     assert glob.glob(str(model_dir / "eval" / "events.out.tfevents.*"))
-    assert _latest_step(model_dir) == 4
+    assert mr.latest_step(model_dir) == 4
     result = json.loads((model_dir / "result.json").read_text())
     assert (result["step"], result["target"], result["num_replicas"], result["global_batch_size"]) == (4, "cpu", 2, 16)
     assert 0.0 <= result["eval"]["top1"] <= 1.0 and "top5" in result["eval"]
@@ -75,7 +71,7 @@ def test_sigkill_and_resume_equals_uninterrupted(data_dir, tmp_path):
     mr.wait_for_line(proc, "step 7/12")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert _latest_step(killed_dir) in (6, 3)
+    assert mr.latest_step(killed_dir) in (6, 3)
     resumed = mr.run([QUICKSTART], killed_dir, data_dir, params, extra=["--mode=train"])
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from step" in resumed.stdout
@@ -100,7 +96,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(data_dir, tmp_path):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "received SIGTERM" in out and "checkpoint saved" in out
-    step = _latest_step(model_dir)
+    step = mr.latest_step(model_dir)
     assert step >= 3
     assert f"at step {step}:" in out
     assert not (model_dir / "result.json").exists()
@@ -121,7 +117,7 @@ def test_nan_loss_exits_1_and_keeps_the_last_good_checkpoint(data_dir, tmp_path)
     assert len(lines) == 1, done.stderr
     assert "loss is nan" in lines[0].lower() or "loss is inf" in lines[0].lower(), done.stderr
     failed_at = int(lines[0].split("at step ")[1].split(";")[0])
-    good = _latest_step(model_dir)
+    good = mr.latest_step(model_dir)
     assert good == failed_at - 1
     for name, value in _weights(model_dir).items():
         assert np.all(np.isfinite(value)), name
@@ -200,7 +196,7 @@ def test_config_change_refused_on_resume_unless_allowed(data_dir, tmp_path):
     allowed = mr.run([QUICKSTART], model_dir, data_dir, params + ("Trainer.train_steps = 4",),
                      extra=["--mode=train", "--allow_config_change"])
     assert allowed.returncode == 0, allowed.stderr
-    assert _latest_step(model_dir) == 4
+    assert mr.latest_step(model_dir) == 4
 
 
 def test_config_change_compares_the_parsed_config(tmp_path, monkeypatch):

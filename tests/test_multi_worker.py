@@ -156,11 +156,6 @@ def _main_program(tmp_path, model_dir, params, extra=()):
     return mr.args([QUICKSTART], model_dir, params, extra)[1:]
 
 
-def _latest_step(model_dir):
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    return int(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).rsplit("-", 1)[1])
-
-
 # -- cluster layout ----------------------------------------------------------------------
 
 # Prints this process's identity as the Replicator sees it, after an all-reduce that
@@ -258,7 +253,7 @@ def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir
     status, out = first.wait(timeout=400)
     assert status == 0, out[-6000:]
     assert local.returncode == 0, local.stderr[-3000:]
-    assert _latest_step(mw_dir) == 3
+    assert mr.latest_step(mw_dir) == 3
     assert not (mw_dir / "checkpoints" / "data").exists()  # no per-worker data files
     second = clusters(["--workers=2"], _main_program(tmp_path, mw_dir, params + MULTI_WORKER,
                                                      ["--mode=train", "--allow_config_change"]),
@@ -285,7 +280,7 @@ def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir
             assert len(list((mw_dir / split).iterdir())) == 2, list((mw_dir / split).iterdir())
     others = [p for p in mw_dir.rglob("*worker*") if "data" not in p.relative_to(mw_dir).parts]
     assert not others, others
-    assert _latest_step(mw_dir) == 6
+    assert mr.latest_step(mw_dir) == 6
     # Worker 1's private dir (expframe_worker1_*) was made under TMPDIR and removed.
     assert not list(worker_tmp.iterdir()), list(worker_tmp.iterdir())
 
@@ -383,7 +378,7 @@ def test_parameter_server_trains(data_dir, tmp_path, clusters):
     result = json.loads((model_dir / "result.json").read_text())
     assert (result["step"], result["target"]) == (400, "parameter_server")
     assert 0.0 <= result["eval"]["top1"] <= 1.0
-    assert _latest_step(model_dir) == 400
+    assert mr.latest_step(model_dir) == 400
 
 
 # -- preemption and failures --------------------------------------------------------------
@@ -408,7 +403,7 @@ def test_sigterm_to_the_chief_checkpoints_and_the_rerun_resumes(data_dir, tmp_pa
                       r"rerun the same command to resume", out)
         assert m, out[-6000:]
         steps.append(int(m.group(1)))
-        assert _latest_step(model_dir) == steps[-1]
+        assert mr.latest_step(model_dir) == steps[-1]
         assert not (model_dir / "result.json").exists()
     assert steps[1] > steps[0]
     train_steps = [r["step"] for r in mr.metrics(model_dir, "train")]

@@ -66,10 +66,6 @@ def _checkpoint(model_dir):
     return {n: reader.get_tensor(n) for n in names}
 
 
-def _latest_step(model_dir):
-    return int(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).rsplit("-", 1)[1])
-
-
 def test_shapes_runs_writes_metrics_and_grids_and_resumes_exactly_after_sigkill(data_dir, tmp_path):
     straight = tmp_path / "straight"
     done = mr.run([SHAPES], straight, data_dir, SHAPES_SMALL, timeout=600)
@@ -103,11 +99,11 @@ def test_shapes_runs_writes_metrics_and_grids_and_resumes_exactly_after_sigkill(
     mr.wait_for_line(proc, "step 5/12", timeout=600)
     proc.send_signal(signal.SIGKILL)  # at the latest during the evaluation at step 6
     proc.wait(timeout=60)
-    assert _latest_step(killed) == 4
+    assert mr.latest_step(killed) == 4
     resumed = mr.run([SHAPES], killed, data_dir, SHAPES_SMALL, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming from step 4" in resumed.stdout
-    assert _latest_step(killed) == 12
+    assert mr.latest_step(killed) == 12
     after = _checkpoint(killed)
     assert after.keys() == state.keys()
     for name in state:
@@ -147,7 +143,7 @@ def test_pod_variant_differs_by_the_global_batch_and_runs(path, tmp_path, graph,
                                     "imagenet_input.image_size = 32", "Trainer.train_steps = 1"),
                   extra=["--mode=train"], timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert _latest_step(model_dir) == 1
+    assert mr.latest_step(model_dir) == 1
 
 
 def test_missing_inception_graph_is_a_config_error_naming_the_binding(tmp_path):
