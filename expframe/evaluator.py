@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from expframe.data import masked
 from expframe.errors import ConfigError, RunError
-from expframe.tasks.base import Task
+from expframe.tasks.base import Task, check_step_output
 
 _REAL = "_real_examples"
 
@@ -89,7 +89,10 @@ class Evaluator:
     def _eval_body(self, iterator):
         """One eval step on every replica: the task's sums plus the real example count."""
         def step(batch):
-            out = dict(self.task.eval_step(batch))
+            out = dict(check_step_output(
+                self.task, "eval_step", self.task.eval_step(batch), "count",
+                "an eval step returns a dict of per-replica sums, each example weighted by batch['mask'], "
+                "with the key 'count' (the sum of the mask)"))
             out[_REAL] = tf.reduce_sum(tf.cast(batch[masked.MASK], tf.float32))
             return out
 
