@@ -59,7 +59,7 @@ def _help(full: bool) -> None:
     print((__doc__ or "").replace("expframe --", f"{prog()} --", 3).strip() + "\n")
     print(FLAGS.get_help() if full else "flags:\n" + FLAGS.module_help(__name__))
     if not full:
-        print(f"\nTry --helpfull for every flag (absl's too); --list_configurables for the gin configurables.")
+        print("\nTry --helpfull for every flag (absl's too); --list_configurables for the gin configurables.")
     sys.exit(0)
 
 

@@ -99,7 +99,11 @@ def _explain(error: Exception, where: str, error_file: Optional[str] = None) -> 
         statement = _IMPORT_STATEMENT.match(location.group(3)) if location else None
         module = (statement.group(2) if statement and not statement.group(1) else
                   statement.group(1) if statement else getattr(error, "name", None) or "?")
-        return gin_paths.missing_module_error(module, getattr(error, "name", None) or module,
+        original = error  # gin re-raises a proxy without `name`; the original is its context
+        while original is not None and getattr(original, "name", None) is None:
+            original = original.__context__
+        missing = getattr(original, "name", None) or module
+        return gin_paths.missing_module_error(module, missing,
                                               location.group(1) if location else None,
                                               int(location.group(2)) if location else None)
     if isinstance(error, ConfigError):

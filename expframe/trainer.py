@@ -21,7 +21,7 @@ from expframe.data_position import DataPosition
 from expframe.errors import ConfigError, RunError
 from expframe.evaluator import Evaluator
 from expframe.replicator import ReplicatedOptimizer
-from expframe.tasks.base import Task, check_step_output
+from expframe.tasks.base import Task, check_step_output, contract_error
 
 
 def _positive_int(binding: str, value, allow_none: bool = False):
@@ -130,7 +130,12 @@ class Trainer:
         """One host call: `num_steps` optimizer updates, each of `accumulate_steps` calls of
         the task's train_step (micro-batches); returns their metrics averaged over them."""
         micro_batches = num_steps * self.accumulate_steps
-        metrics = self.rep.run_steps(self._train_step, self.train_iterator, micro_batches)
+        try:
+            metrics = self.rep.run_steps(self._train_step, self.train_iterator, micro_batches)
+        except Exception as e:  # noqa: BLE001  (re-raised: the contract's one line, or as it came)
+            if contract_error(self.task, e) is e:
+                raise
+            raise contract_error(self.task, e) from None
         self.step.assign_add(num_steps)
         return metrics
 

@@ -19,6 +19,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
+from expframe import gin_paths
 from expframe.sweep import runner
 from expframe.sweep.spec import Study
 
@@ -26,7 +27,7 @@ SCRIPT = "study.sbatch"
 
 
 def script(study: Study, root: str, mode: str = "train_and_eval", options: Sequence[str] = (),
-           max_running: Optional[int] = None, main_py: str = runner.MAIN_PY) -> str:
+           max_running: Optional[int] = None, main_py: Optional[str] = runner.MAIN_PY) -> str:
     """The text of the array job script.
 
     Args:
@@ -57,6 +58,8 @@ def script(study: Study, root: str, mode: str = "train_and_eval", options: Seque
         "set -euo pipefail",
         f"cd {shlex.quote(os.getcwd())}",
         f"PYTHON=\"${{PYTHON:-{sys.executable}}}\"",
+        *([f"export {gin_paths.SEARCH_PATH_ENV}={shlex.quote(os.environ[gin_paths.SEARCH_PATH_ENV])}"]
+          if os.environ.get(gin_paths.SEARCH_PATH_ENV) else []),
         'case "${SLURM_ARRAY_TASK_ID:?submit this script with sbatch: it is a Slurm array job}" in',
     ]
     for run in runs:

@@ -102,5 +102,14 @@ def check_step_output(task: Task, method: str, out, key: str, contract: str):
     if isinstance(out, dict) and key in out:
         return out
     got = f"a dict with the keys {sorted(out)}" if isinstance(out, dict) else f"a {type(out).__name__}"
-    raise ConfigError(f"{type(task).__name__}.{method} returned {got}, without {key!r}: {contract} "
-                      "(the Task contract: docs/extending.md).")
+    error = ConfigError(f"{type(task).__name__}.{method} returned {got}, without {key!r}: {contract} "
+                        "(the Task contract: docs/extending.md).")
+    task.contract_error = error  # tf.function re-raises it as a StagingError: see `contract_error`
+    raise error
+
+
+def contract_error(task: Task, error: Exception) -> Exception:
+    """The ConfigError `check_step_output` raised while `task`'s step was traced (which
+    TensorFlow re-raised as another type), else `error` itself."""
+    found = getattr(task, "contract_error", None)
+    return found if isinstance(found, ConfigError) else error
