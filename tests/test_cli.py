@@ -80,6 +80,18 @@ def test_list_configurables_and_dry_run(tmp_path, data_dir):
     assert not model_dir.exists()
 
 
+def _catches_sigint(pid, timeout=120):
+    """Waits until process `pid` has a handler for SIGINT (/proc/<pid>/status SigCgt)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            caught = [int(line.split()[1], 16) for line in f if line.startswith("SigCgt:")]
+        if caught and caught[0] & (1 << (signal.SIGINT - 1)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} never handled SIGINT")
+
+
 def _wait_for(proc, needle, timeout=240):
     lines = mr.wait_for_line(proc, needle, timeout)
     return "".join(lines)
@@ -98,7 +110,8 @@ def test_sigint_during_start_up_stops_at_once_with_one_line(tmp_path, data_dir):
                          f"--model_dir={tmp_path / 'b'}", "--gin_param=shapes_input.num_train = 3000",
                          "--gin_param=shapes_input.num_test = 64"], tmp_path, fresh, ignore_sigint=True)
     tracing = _start(long_run + [f"--model_dir={tmp_path / 'c'}"], folder, data_dir)
-    time.sleep(1.0)
+    _catches_sigint(importing.pid)  # expframe's handler is in (before TensorFlow is imported)
+    time.sleep(0.5)
     importing.send_signal(signal.SIGINT)
     seen = {"generating": _wait_for(generating, "Generating"), "tracing": _wait_for(tracing, "model_dir ")}
     generating.send_signal(signal.SIGINT)
