@@ -20,6 +20,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
+from expframe import gin_paths
 from expframe.errors import ConfigError
 from expframe.sweep import plots, runner, slurm, spec, summary
 
@@ -44,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="grid axis, e.g. 'Trainer.global_batch_size=[64, 128]' (repeatable)")
     p.add_argument("--zip", action="append", default=[], metavar="B=[V, ...]",
                    help="bindings that move together, one value of each per run (repeatable; one group)")
+    p.add_argument("--gin_search_path", action="append", default=[], metavar="DIR",
+                   help="folder searched for gin files and the modules they import, for the study and its runs "
+                        "(repeatable; see main.py --help)")
     p.add_argument("--study_dir", help="the study's root (default runs/<study name>)")
     p.add_argument("--parallel", type=int, default=None,
                    help="runs at once on this machine, at most its cores (default 1); with --emit=slurm, "
@@ -95,6 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.parallel is not None and args.parallel < 1:
             raise ConfigError(f"--parallel={args.parallel} must be at least 1.")
+        gin_paths.add_search_path(args.gin_search_path)  # the runs inherit $EXPFRAME_GIN_PATH
         study = spec.build_study(args.study, args.gin_file, args.gin_param, args.sweep, args.zip)
         root = args.study_dir or os.path.join("runs", study.name)
         config_texts = spec.validate(study)  # nothing is written before this passes

@@ -34,7 +34,10 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from expframe.sweep.spec import Run, Study
 
+# The clone's main.py; an installed package (no clone) runs `python -m expframe`, the same program.
 MAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "main.py")
+if not os.path.isfile(MAIN_PY):
+    MAIN_PY = None
 LOGS = "logs"
 STALE = "stale"   # <root>/stale/<time>/: runs moved aside by move_stale
 INTRA_OP_ENV = "TF_NUM_INTRAOP_THREADS"
@@ -57,9 +60,12 @@ def worker_count(parallel: int, cores: int) -> tuple[int, int]:
     return processes, max(1, cores // processes)
 
 
-def command(study: Study, run: Run, root: str, mode: str = "train_and_eval", main_py: str = MAIN_PY) -> list[str]:
-    """The `main.py` command line of one run (no shell; arguments as a list)."""
-    return ([sys.executable, main_py] + [f"--gin_file={f}" for f in study.gin_files]
+def command(study: Study, run: Run, root: str, mode: str = "train_and_eval",
+            main_py: Optional[str] = MAIN_PY) -> list[str]:
+    """The `main.py` command line of one run (no shell; arguments as a list); without a
+    main.py (an installed package), `python -m expframe`, the same program."""
+    program = [main_py] if main_py else ["-m", "expframe"]
+    return ([sys.executable] + program + [f"--gin_file={f}" for f in study.gin_files]
             + [f"--gin_param={p}" for p in study.gin_params + run.gin_params]
             + [f"--model_dir={os.path.join(root, run.name)}", f"--mode={mode}"])
 
@@ -220,7 +226,7 @@ class _Attempt:
 
 def run_study(study: Study, root: str, config_texts: Optional[Mapping[str, str]] = None, parallel: int = 1,
               mode: str = "train_and_eval", echo: bool = True,
-              on_change: Optional[Callable[[], None]] = None, main_py: str = MAIN_PY,
+              on_change: Optional[Callable[[], None]] = None, main_py: Optional[str] = MAIN_PY,
               move_stale: bool = False) -> dict:
     """Runs every unfinished run of the study; returns {run name: last attempt or None}.
 

@@ -26,6 +26,7 @@ import shlex
 import sys
 from typing import Mapping, Optional, Sequence
 
+from expframe import gin_paths
 from expframe.sweep import runner
 from expframe.sweep.spec import Study
 
@@ -33,7 +34,7 @@ SCRIPT = "study.sbatch"
 
 
 def script(study: Study, root: str, config_texts: Mapping[str, str], mode: str = "train_and_eval",
-           options: Sequence[str] = (), max_running: Optional[int] = None, main_py: str = runner.MAIN_PY,
+           options: Sequence[str] = (), max_running: Optional[int] = None, main_py: Optional[str] = runner.MAIN_PY,
            move_stale: bool = False) -> str:
     """The text of the array job script.
 
@@ -67,6 +68,8 @@ def script(study: Study, root: str, config_texts: Mapping[str, str], mode: str =
         "set -euo pipefail",
         f"cd {shlex.quote(os.getcwd())}",
         f"PYTHON=\"${{PYTHON:-{sys.executable}}}\"",
+        *([f"export {gin_paths.SEARCH_PATH_ENV}={shlex.quote(os.environ[gin_paths.SEARCH_PATH_ENV])}"]
+          if os.environ.get(gin_paths.SEARCH_PATH_ENV) else []),
         'case "${SLURM_ARRAY_TASK_ID:?submit this script with sbatch: it is a Slurm array job}" in',
     ]
     for run in runs:
