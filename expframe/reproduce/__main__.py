@@ -107,8 +107,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines = _set_lines(quick)
     incomplete = []
     if not args.page_only:
-        running.say(f"--set={args.set_name}: {len(chosen)} result(s), about {sum(r.minutes for r in chosen):.0f} min "
-                    f"on 2 idle cores; work dir {work}, page {os.path.join(out, page.PAGE)}; load average "
+        expected = "tiny sizes" if quick else f"about {sum(r.minutes for r in chosen):.0f} min on 2 idle cores"
+        running.say(f"--set={args.set_name}: {len(chosen)} result(s), {expected}; work dir {work}, page "
+                    f"{os.path.join(out, page.PAGE)}; load average "
                     f"{', '.join(f'{x:.2f}' for x in provenance.load_average())}")
         for i, result in enumerate(chosen, 1):
             running.say(f"[{i}/{len(chosen)}] {result.name}")

@@ -221,8 +221,8 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
     load_start = settle(settle_s)
     started = provenance.record()
     meter = Meter()
-    say(f"{result.name}: started at load average {', '.join(f'{x:.2f}' for x in load_start)}; expected about "
-        f"{result.minutes:g} min on 2 idle cores" + (" (full size)" if not quick else ""))
+    say(f"{result.name}: started at load average {', '.join(f'{x:.2f}' for x in load_start)}"
+        + ("; tiny size" if quick else f"; expected about {result.minutes:g} min on 2 idle cores"))
     rec = {"name": result.name, "kind": result.kind, "title": result.title, "quick": quick,
            "reproduce": command, "readme": result.readme, "started": started["time"],
            "commit": started["commit"], "dirty": started["dirty"], "expframe": started["expframe"],
