@@ -8,7 +8,9 @@ rewritten from all records on disk each time, so sets run one after another (e.g
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import statistics
 from typing import Optional, Sequence
 
@@ -89,6 +91,19 @@ def _experiment(result: registry.Experiment, rec: dict, images: str, out_dir: st
         lines.append(f"| {run['run']} | {run['status']} | {_number(run['step'] or 0)} | " + " | ".join(cells)
                      + f" | {'; '.join(t['text'] for t in checks) or '-'} | "
                      + f"{('yes' if all(t['holds'] for t in checks) else '**no**') if checks else '-'} |")
+    for run in rec["runs"]:
+        evals = [e for e in run.get("evals") or [] if any(m in e for m in result.metrics)]
+        if len(evals) > 1:
+            lines += ["", f"Evaluations of {run['run']}: " + "; ".join(
+                f"step {_number(e['step'])}: " + ", ".join(f"{m} {_number(e[m])}" for m in result.metrics if m in e)
+                for e in evals)]
+        speed = {k: v for k, v in (run.get("train_last") or {}).items() if k.endswith("_per_sec")}
+        if run.get("examples_per_sec") is not None:
+            speed["examples_per_sec (median of the logged intervals)"] = run["examples_per_sec"]
+        if speed:
+            lines += ["", f"Speed of {run['run']} (last logged train interval unless said): "
+                      + ", ".join(f"{k} {_number(v)}" for k, v in sorted(speed.items()))
+                      + f"; main.py wall time {_number(run.get('wall_time_s') or 0)} s"]
     initial = [r["initial"] for r in rec["runs"] if r.get("initial")]
     if initial:
         lines += ["", "At initialisation (untrained model, same evaluation): "
@@ -99,7 +114,23 @@ def _experiment(result: registry.Experiment, rec: dict, images: str, out_dir: st
     image = _curves(rec, os.path.join(out_dir, IMAGES, f"{result.name}.png"))
     if image:
         lines += ["", f"![{result.name} curves]({images}/{result.name}.png)"]
+    grid = _last_samples(rec, os.path.join(out_dir, IMAGES, f"{result.name}_samples.png"))
+    if grid:
+        lines += ["", f"The last sample grid of {rec['runs'][0]['run']} (`{grid}`; one row per class, the same noise "
+                  "down each column):", "", f"![{result.name} samples]({images}/{result.name}_samples.png)"]
     return lines
+
+
+def _last_samples(rec: dict, path: str) -> Optional[str]:
+    """Copies the first run's last `samples/step_<N>.png` (GAN runs) to `path`; returns its name."""
+    model_dir = rec["runs"][0].get("model_dir") if rec["runs"] else None
+    grids = glob.glob(os.path.join(model_dir, "samples", "step_*.png")) if model_dir else []
+    if not grids:
+        return None
+    last = max(grids, key=lambda p: int(os.path.basename(p)[len("step_"):-len(".png")]))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    shutil.copyfile(last, path)
+    return os.path.join("samples", os.path.basename(last))
 
 
 def _curves(rec: dict, path: str) -> Optional[str]:
@@ -241,9 +272,9 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
       commands: result name -> the command that produces it (for pending ones).
       set_lines: Markdown lines describing the sets (commands, expected times).
     """
-    os.makedirs(os.path.join(out_dir, IMAGES), exist_ok=True)
     records = {r.name: running.read_record(work, r.name) for r in results}
     records = {k: v for k, v in records.items() if v is not None and v.get("quick") == quick}
+    pending = [r.name for r in results if r.name not in records]
     images = IMAGES
     lines = ["# Results", "",
              "Written by `python -m expframe.reproduce` from the runs it made; do not edit by hand: rerun it. "
@@ -253,6 +284,9 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
     if quick:
         lines += ["**Quick smoke (`--set=quick`): every result at a tiny size, to show that the commands run. "
                   "The numbers mean nothing.**", ""]
+    if pending:
+        lines += [f"**{len(pending)} of {len(results)} results are pending**: each names the command that produces "
+                  "it; run it on a quiet machine (load average under 2).", ""]
     lines += list(set_lines) + ["", "## Summary", "",
                                 "| result | number | threshold (slow test) | passed | date | load at start / end "
                                 "(quiet: < 2) | wall time |", "|---|---|---|---|---|---|---|"]
@@ -275,6 +309,7 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
         else:
             lines += _benchmark(result, rec)
     path = os.path.join(out_dir, PAGE)
+    os.makedirs(out_dir, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write("\n".join(lines).rstrip() + "\n")

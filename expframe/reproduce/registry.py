@@ -165,10 +165,11 @@ class Benchmark:
 # -- the learning results (the slow tests read these) -----------------------------------------
 
 # Shrinks a shapes experiment to seconds: the small shapes build of the default tests
-# (512 train / 64 test images), 2 steps, one eval batch.
+# (512 train / 64 test images), 2 steps; `_ONE_REPLICA` halves the tracing.
 _SHAPES_TINY = ("shapes_input.num_train = 512", "shapes_input.num_test = 64", "Trainer.train_steps = 2",
                 "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1", "Trainer.eval_every_steps = None",
                 "Trainer.checkpoint_every_steps = 2")
+_ONE_REPLICA = ("Replicator.num_replicas = 1",)
 _D4PG_TINY = ("Replicator.num_replicas = 1", "Trainer.global_batch_size = 16", "Trainer.train_steps = 2",
               "Trainer.steps_per_loop = 2", "Trainer.log_every_steps = 2", "Trainer.eval_every_steps = None",
               "Trainer.checkpoint_every_steps = 2", "d4pg_policy.layer_sizes = (16, 16)",
@@ -179,7 +180,8 @@ QUICKSTART = Experiment(
     name="quickstart", title="Quickstart: ResNet-8 with sync batch norm on shapes, 2 CPU replicas",
     gin_files=("experiments/quickstart.gin",), metrics=("top1", "loss"),
     thresholds=(Threshold("top1", ">=", 0.90),),
-    quick_params=_SHAPES_TINY + ("resnet.depth = 8", "Trainer.global_batch_size = 16", "Trainer.eval_steps = 1"),
+    quick_params=_SHAPES_TINY + _ONE_REPLICA + ("resnet.depth = 8", "Trainer.global_batch_size = 16",
+                                                "Trainer.eval_steps = 1"),
     test="tests/test_quickstart_slow.py", minutes=4, readme="README.md#expframe")
 
 SNGAN_SHAPES = Experiment(
@@ -187,7 +189,7 @@ SNGAN_SHAPES = Experiment(
     gin_files=("experiments/sngan_shapes.gin",), metrics=("sample_accuracy", "fid", "inception_score"),
     thresholds=(Threshold("sample_accuracy", ">=", 0.8), Threshold("fid", "<=", 0.25, of_initial=True)),
     baseline=True,
-    quick_params=_SHAPES_TINY + (
+    quick_params=_SHAPES_TINY + _ONE_REPLICA + (
         "shapes_classifier.num_train = 512", "shapes_classifier.num_test = 64", "shapes_classifier.train_steps = 10",
         "shapes_classifier.batch_size = 32", "sngan_generator.ch = 2", "sngan_generator.z_dim = 8",
         "sngan_discriminator.ch = 1", "GANTask.num_eval_samples = 16", "GANTask.inception_splits = 2",
@@ -273,7 +275,12 @@ def _data_checkpoint(data: dict) -> list[tuple[str, float, str]]:
 
 def _d4pg_throughput(data: dict) -> list[tuple[str, float, str]]:
     learner, actors = data["learner"], data["actors"]
-    return [("learner updates/s, 2 replicas / 1", learner["2"] / learner["1"], ""),
+    rows = []
+    for n in ("1", "2"):
+        rows += [(f"learner updates/s, {n} replica(s)", learner[n], ""),
+                 (f"environment steps/s, {n} actor process(es)", actors[n]["env_steps_per_sec"], ""),
+                 (f"weight fetch, ms, {n} actor process(es)", actors[n]["weight_wait_ms_per_fetch"], "")]
+    return rows + [("learner updates/s, 2 replicas / 1", learner["2"] / learner["1"], ""),
             ("environment steps/s, 2 actor processes / 1",
              actors["2"]["env_steps_per_sec"] / actors["1"]["env_steps_per_sec"], ""),
             ("time in weight fetches, 1 actor process (fraction)", actors["1"]["weight_wait_fraction"], ""),
@@ -281,10 +288,14 @@ def _d4pg_throughput(data: dict) -> list[tuple[str, float, str]]:
 
 
 def _model_parallel(data: dict) -> list[tuple[str, float, str]]:
-    return [(f"ViT width {r['width']}, mesh {r['mesh']}: examples/s / mesh 4x1", r["vs_4x1"], "")
-            for r in data["rows"] if r["mesh"] != "4x1"] + [
-            (f"ViT width {r['width']}, mesh {r['mesh']}: parameter bytes per device", r["params_bytes"], "")
-            for r in data["rows"]]
+    rows = []
+    for r in data["rows"]:
+        where = f"ViT width {r['width']}, mesh {r['mesh']}"
+        rows += [(f"{where}: parameter bytes per device", r["params_bytes"], ""),
+                 (f"{where}: Adam slot bytes per device", r["slot_bytes"], ""),
+                 (f"{where}: examples/s", r["examples_per_s"], ""),
+                 (f"{where}: examples/s / mesh 4x1", r["vs_4x1"], "")]
+    return rows
 
 
 BENCHMARKS = (
@@ -338,7 +349,18 @@ SNGAN_BATCH = StudyResult(
     quick_zips=("Trainer.global_batch_size=[4, 8]", "LR=[1e-3, 1e-3]"), quick_sweeps=("run_experiment.seed=[0]",),
     parallel=2, minutes=90, readme="README.md#studies")
 
-STUDIES = (SNGAN_BATCH,)
+QUICKSTART_BATCH = StudyResult(
+    name="quickstart_batch", title="Quickstart batch-size study: top-1 against the global batch, rate scaled linearly",
+    study_file="experiments/studies/quickstart_batch.gin", x="global_batch_size", metrics=("top1",),
+    arms=(("rate 2e-3 x batch / 128, 81,920 examples", lambda values: True),),
+    quick_params=("shapes_input.num_train = 512", "shapes_input.num_test = 64", "Replicator.num_replicas = 1",
+                  "Trainer.eval_steps = 1", "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
+                  "Trainer.eval_every_steps = None", "Trainer.checkpoint_every_steps = 2"),
+    quick_zips=("Trainer.global_batch_size=[16]", "keras.optimizers.Adam.learning_rate=[1e-3]",
+                "Trainer.train_steps=[2]"), quick_sweeps=("run_experiment.seed=[0]",),
+    parallel=2, minutes=10, readme="README.md#studies")
+
+STUDIES = (SNGAN_BATCH, QUICKSTART_BATCH)
 
 # -- the sets ---------------------------------------------------------------------------------------
 

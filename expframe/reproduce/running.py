@@ -142,9 +142,17 @@ def _run_rows(study: spec.Study, root: str) -> list[dict]:
         result = summary._read_json(os.path.join(model_dir, "result.json")) or {}  # pylint: disable=protected-access
         row["final"] = result.get("eval", {})
         row["provenance"] = result.get("provenance")
+        records = summary.read_metrics(model_dir)
+        row["evals"] = [_numbers(r) for r in records if r.get("split") == "eval"]
+        train = [r for r in records if r.get("split") == "train"]
+        row["train_last"] = _numbers(train[-1]) if train else {}
         row["model_dir"] = model_dir
         row["values"] = {k: row[k] for k in study.keys().values()}
     return rows
+
+
+def _numbers(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k == "step" or (isinstance(v, (int, float)) and not isinstance(v, bool))}
 
 
 def _baseline(result: registry.Experiment, study: spec.Study, root: str, quick: bool) -> dict:
@@ -261,6 +269,6 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
 
 
 def _public(rows: list[dict]) -> list[dict]:
-    keep = ("run", "values", "status", "exit_code", "step", "final", "wall_time_s", "examples_per_sec", "error",
-            "provenance", "model_dir")
+    keep = ("run", "values", "status", "exit_code", "step", "final", "evals", "train_last", "wall_time_s",
+            "examples_per_sec", "error", "provenance", "model_dir")
     return [{k: row.get(k) for k in keep} for row in rows]
