@@ -13,14 +13,17 @@ the page to `--out` (default `docs`, and the work directory for quick, so a smok
 overwrites the committed page). Rerunning a command skips the results already
 recorded under the same configuration and resumes the others (each run from its
 checkpoint). Exit status: 0 when every result of the set is complete; 1 when one is
-not (a run failed: the others still ran); 2 for bad flags.
+not (a run failed: the others still ran); 2 for bad flags; 130 when stopped by Ctrl-C
+or SIGTERM (the runs saved checkpoints; rerun the same command to continue).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Optional, Sequence
 
@@ -82,8 +85,22 @@ def _select(set_name: str, only: str) -> list:
     return chosen
 
 
+def _interrupt(signum, frame):  # pylint: disable=unused-argument
+    raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops as Ctrl-C does
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     quick = args.set_name == "quick"
     try:
@@ -127,6 +144,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             except ConfigError as e:
                 print(f"error: {result.name}: {e}", file=sys.stderr)
                 return ConfigError.exit_code
+            except (running.Stopped, KeyboardInterrupt) as e:
+                page.write(work, out, quick, page_results, commands, lines)
+                running.say(f"{e or 'interrupted'}; stopped. Rerun the same command to continue.")
+                return 130
             except Exception:  # pylint: disable=broad-except
                 traceback.print_exc()
                 running.say(f"{result.name}: FAILED (above); going on with the others")

@@ -313,7 +313,7 @@ BENCHMARKS = (
               _resnet50, minutes=12, readme="README.md#resnet-50-on-imagenet-the-papers-first-benchmark"),
     Benchmark("scaling", "Weak scaling on CPU cores: 2 workers (or 2 replicas) against 1 (ResNet-20)",
               "benchmarks/scaling.py", (),
-              ("--steps_per_call", "1", "--warmup_calls", "1", "--calls", "1", "--repeats", "1"),
+              ("--steps_per_call", "1", "--warmup_calls", "1", "--calls", "1", "--repeats", "1", "--timeout", "900"),
               _scaling, minutes=10, readme="README.md#where-it-runs-one-binding"),
     Benchmark("data_checkpoint_size", "Bytes of the data position in a checkpoint (ResNet-50 ImageNet pipeline)",
               "benchmarks/data_checkpoint_size.py", (), ("--smoke",), _data_checkpoint, minutes=5,

@@ -31,6 +31,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RECORDS = "records"
 
 
+class Stopped(Exception):
+    """The runs were stopped by a signal (each saved a checkpoint); nothing is recorded."""
+
+
 def say(line: str) -> None:
     print(f"reproduce: {line}", flush=True)
 
@@ -187,9 +191,13 @@ def run_sweep(study: spec.Study, root: str, parallel: int) -> tuple[list[dict], 
 # -- benchmarks -------------------------------------------------------------------------------------
 
 def run_benchmark(result: registry.Benchmark, root: str, quick: bool) -> tuple[dict, str]:
-    """Runs the script unless its JSON is there; returns (its JSON, the command)."""
+    """Runs the script unless its JSON is there; returns (its JSON, the command).
+
+    The script writes `<name>.running.json` (some write after each configuration), renamed
+    to `<name>.json` once it exits 0: a run stopped half-way is run again, not reused."""
     out = os.path.join(root, f"{result.name}.json")
-    argv = [sys.executable, os.path.join(REPO, result.script), *result.argv(quick), f"--out={out}"]
+    running_out = os.path.join(root, f"{result.name}.running.json")
+    argv = [sys.executable, os.path.join(REPO, result.script), *result.argv(quick), f"--out={running_out}"]
     if not os.path.isfile(out):
         os.makedirs(root, exist_ok=True)
         log = os.path.join(root, f"{result.name}.log")
@@ -198,12 +206,17 @@ def run_benchmark(result: registry.Benchmark, root: str, quick: bool) -> tuple[d
         with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               errors="replace", env=dict(os.environ, PYTHONUNBUFFERED="1")) as proc, \
                 open(log, "a", encoding="utf-8") as f:
-            for line in proc.stdout:
-                f.write(line)
-                if not runner._TF_LOG_LINE.match(line):  # pylint: disable=protected-access
-                    print(f"[{result.name}] {line}", end="", flush=True)
+            try:
+                for line in proc.stdout:
+                    f.write(line)
+                    if not runner._TF_LOG_LINE.match(line):  # pylint: disable=protected-access
+                        print(f"[{result.name}] {line}", end="", flush=True)
+            except BaseException:  # interrupted: stop the script too, never leave it running
+                proc.kill()
+                raise
         if proc.returncode != 0:
             raise RuntimeError(f"{shown(argv)} exited {proc.returncode}; its output is in {log}")
+        os.replace(running_out, out)
     with open(out, encoding="utf-8") as f:
         return json.load(f), shown(argv)
 
@@ -243,6 +256,8 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
     else:
         study = study_for(result, quick)
         rows, commands = run_sweep(study, root, parallel if result.kind == "study" else 1)
+        if any(r["status"] == "stopped" for r in rows):  # Ctrl-C or SIGTERM: each run saved a checkpoint
+            raise Stopped(f"{result.name} stopped; rerun the same command to resume it")
         rec.update(commands=[commands[r["run"]] for r in rows], runs=_public(rows),
                    complete=all(r["status"] == "ok" for r in rows))
         if result.kind == "experiment":
@@ -255,9 +270,9 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
             rec["passed"] = rec["complete"] and all(t["holds"] for r in rec["runs"] for t in r["thresholds"])
             if initial:
                 rec["commands"] += [first["command"] for first in initial.values()]
-    rec["signature"] = signature(result, quick)
     rec["wall_s"] = round(time.time() - meter.started_at, 1)
     rec["other_cores"] = meter.other_cores()
+    rec["signature"] = signature(result, quick)
     rec["load_average_end"] = settle(settle_s)
     rec["finished"] = provenance.now()
     _write_json(record_path(work, result.name), rec)
