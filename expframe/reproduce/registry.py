@@ -347,7 +347,7 @@ SNGAN_BATCH = StudyResult(
     arms=(("fixed rate", _fixed_rate), ("rate x sqrt(batch / 64)", _sqrt_scaled_rate)),
     quick_params=tuple(p for p in SNGAN_SHAPES.quick_params if not p.startswith("Trainer.global_batch_size")),
     quick_zips=("Trainer.global_batch_size=[4, 8]", "LR=[1e-3, 1e-3]"), quick_sweeps=("run_experiment.seed=[0]",),
-    parallel=2, minutes=90, readme="README.md#studies")
+    parallel=2, minutes=70, readme="README.md#studies")
 
 QUICKSTART_BATCH = StudyResult(
     name="quickstart_batch", title="Quickstart batch-size study: top-1 against the global batch, rate scaled linearly",
@@ -358,7 +358,7 @@ QUICKSTART_BATCH = StudyResult(
                   "Trainer.eval_every_steps = None", "Trainer.checkpoint_every_steps = 2"),
     quick_zips=("Trainer.global_batch_size=[16]", "keras.optimizers.Adam.learning_rate=[1e-3]",
                 "Trainer.train_steps=[2]"), quick_sweeps=("run_experiment.seed=[0]",),
-    parallel=2, minutes=10, readme="README.md#studies")
+    parallel=2, minutes=8, readme="README.md#studies")
 
 STUDIES = (SNGAN_BATCH, QUICKSTART_BATCH)
 
