@@ -152,7 +152,9 @@ def test_page_states_each_result_with_its_provenance_and_the_pending_ones(tmp_pa
     assert "| rate x sqrt(batch / 64) | 16 | 1 | 12 | 0.1 |" in study
     assert "| rate x sqrt(batch / 64) | 64 | 2 | 6 | 0.45 |" in study
     assert "- fixed rate, fid: 10 at global_batch_size 16, 6 at 64 (change -4; the largest spread between seeds " \
-           "at one point is 2); best at 64" in study
+           "at one point is 2): the largest global_batch_size is better; best at 64" in study
+    assert "- fixed rate, sample_accuracy: 0.25 at global_batch_size 16, 0.45 at 64 (change +0.2; the largest " \
+           "spread between seeds at one point is 0.1): the largest global_batch_size is better; best at 64" in study
     _assert_png(os.path.join(out, "results", "sngan_batch.png"))
     assert "| all-reduce / copy | 1.7 | goal <= 3 |" in sections["collectives"]
     # Quick records are not mixed into a full page, nor full ones into a quick page.

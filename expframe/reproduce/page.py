@@ -194,11 +194,16 @@ def _trend(result: registry.StudyResult, arms: dict) -> list[str]:
             spread = max((max(v) - min(v) for v in ([r["final"][metric] for r in points[x]] for x in xs)),
                          default=0.0)
             diff = statistics.mean(high) - statistics.mean(low)
-            best = min(xs, key=lambda x: statistics.mean(r["final"][metric] for r in points[x])) if metric == "fid" \
-                else max(xs, key=lambda x: statistics.mean(r["final"][metric] for r in points[x]))
+            best = (min if metric == "fid" else max)(
+                xs, key=lambda x: statistics.mean(r["final"][metric] for r in points[x]))  # noqa: B023
+            lower_is_better = metric == "fid"
+            if abs(diff) <= spread:
+                verdict = "no difference beyond the spread between seeds"
+            else:
+                verdict = f"the largest {result.x} is " + ("better" if (diff < 0) == lower_is_better else "worse")
             lines.append(f"- {arm}, {metric}: {_number(statistics.mean(low))} at {result.x} {xs[0]:g}, "
                          f"{_number(statistics.mean(high))} at {xs[-1]:g} (change {diff:+.4g}; the largest "
-                         f"spread between seeds at one point is {spread:.4g}); best at {best:g}")
+                         f"spread between seeds at one point is {spread:.4g}): {verdict}; best at {best:g}")
     return lines
 
 
