@@ -53,6 +53,25 @@ def test_only_names_results_of_the_set_or_exits_2(capsys):
     assert "--only=collectives: collectives not in --set=learning (it holds" in err and "quickstart" in err
 
 
+def test_a_run_made_under_another_configuration_is_set_aside_not_resumed(tmp_path, capsys):
+    """An edited gin file between two reproduce runs: main.py would refuse to resume the
+    old model_dir (exit 2); reproduce moves it, with its logs, and runs it again."""
+    from expframe.sweep import runner, spec  # pylint: disable=import-outside-toplevel
+    study = spec.Study("s", ["x.gin"], [], [spec.Axis(("run_experiment.seed",), (("0",), ("1",)), "test")])
+    root = tmp_path / "s"
+    for name, text in (("seed=0", "old\n"), ("seed=1", "same\n")):
+        (root / name).mkdir(parents=True)
+        (root / name / "parsed_config.gin").write_text(text)
+    (root / runner.LOGS).mkdir()
+    (root / runner.LOGS / "seed=0.json").write_text("{}")
+    moved = running.set_aside_stale(study, str(root), {"seed=0": "new\n", "seed=1": "same\n"})
+    assert len(moved) == 1 and moved[0].startswith(str(root / running.STALE / "seed=0."))
+    assert not (root / "seed=0").exists() and (root / "seed=1" / "parsed_config.gin").read_text() == "same\n"
+    assert open(os.path.join(moved[0], "model_dir", "parsed_config.gin")).read() == "old\n"
+    assert os.path.exists(os.path.join(moved[0], runner.LOGS, "seed=0.json"))
+    assert "seed=0: made under another configuration; moved to" in capsys.readouterr().out
+
+
 # -- the page -------------------------------------------------------------------------------------
 
 def _provenance(name, quick, wall=61.0):
@@ -164,6 +183,7 @@ def test_page_states_each_result_with_its_provenance_and_the_pending_ones(tmp_pa
 
 # -- --set=quick end to end -------------------------------------------------------------------------
 
+@pytest.mark.timeout(3600)  # minutes on 2 idle cores: about 25 TensorFlow processes start and trace
 def test_quick_set_runs_every_result_writes_a_valid_page_and_a_rerun_skips_them(tmp_path, data_dir, monkeypatch,
                                                                               capsys):
     committed = os.path.join(mr.ROOT, "docs", page.PAGE)
@@ -171,7 +191,7 @@ def test_quick_set_runs_every_result_writes_a_valid_page_and_a_rerun_skips_them(
     work, out = str(tmp_path / "work"), str(tmp_path / "page")
     argv = ["--set=quick", f"--work_dir={work}", f"--out={out}"]
     done = subprocess.run([sys.executable, "-m", "expframe.reproduce"] + argv, cwd=mr.ROOT, env=mr.env(data_dir),
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=3500)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     results = registry.results("quick")
     text, sections, recorded = check_page(os.path.join(out, page.PAGE), results)

@@ -29,6 +29,7 @@ from expframe.sweep import naming, runner, spec, summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDS = "records"
+STALE = "stale"  # runs made under another configuration, kept for reference
 
 
 class Stopped(Exception):
@@ -177,10 +178,37 @@ def _baseline(result: registry.Experiment, study: spec.Study, root: str, quick: 
     return out
 
 
+def set_aside_stale(study: spec.Study, root: str, texts: dict[str, str]) -> list[str]:
+    """Moves each run made under another configuration (its parsed_config.gin differs, e.g.
+    a gin file was edited since) to `<root>/stale/<run>.<time>/`, with its logs, so that it
+    runs again from scratch instead of being refused as a changed resume. Deletes nothing."""
+    moved = []
+    for run in study.runs():
+        model_dir = os.path.join(root, run.name)
+        try:
+            with open(os.path.join(model_dir, "parsed_config.gin"), encoding="utf-8") as f:
+                previous = f.read()
+        except OSError:
+            continue
+        if previous == texts[run.name]:
+            continue
+        dest = os.path.join(root, STALE, f"{run.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        os.makedirs(os.path.join(dest, runner.LOGS), exist_ok=True)
+        os.replace(model_dir, os.path.join(dest, "model_dir"))
+        for suffix in (".json", ".log"):
+            log = os.path.join(root, runner.LOGS, run.name + suffix)
+            if os.path.exists(log):
+                os.replace(log, os.path.join(dest, runner.LOGS, run.name + suffix))
+        say(f"{run.name}: made under another configuration; moved to {dest}, running it again")
+        moved.append(dest)
+    return moved
+
+
 def run_sweep(study: spec.Study, root: str, parallel: int) -> tuple[list[dict], dict[str, str]]:
     """Runs (or resumes) the study's main.py runs; returns (rows, run name -> command)."""
     texts = spec.validate(study)
     os.makedirs(root, exist_ok=True)
+    set_aside_stale(study, root, texts)
     runner.run_study(study, root, texts, parallel=parallel,
                      on_change=lambda: summary.write_summary(study, root))
     summary.write_summary(study, root)
