@@ -7,7 +7,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe import config
+from expframe import config, provenance
 from expframe.errors import ConfigError
 from expframe.replicator import Replicator
 from expframe.run_files import RunFiles
@@ -138,6 +138,8 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     except BaseException:
         out.close()  # a non-chief worker's private directory
         raise
+    started = provenance.record()
+    out.log_provenance(step, started)  # every start: commit, versions, machine, load
     if step:
         out.progress(f"resuming from step {step} ({out.checkpoint_dir})")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "
@@ -151,7 +153,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
             return summary
         result = {"step": summary["step"], "target": replicator.target, "num_replicas": replicator.num_replicas,
                   "global_batch_size": trainer.global_batch_size, "eval": summary["eval"],
-                  "wall_time_s": round(summary["wall_time_s"], 3)}
+                  "wall_time_s": round(summary["wall_time_s"], 3), "provenance": provenance.finished(started)}
         out.write_result(result)
         return result
     finally:
