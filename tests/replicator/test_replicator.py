@@ -25,6 +25,24 @@ class ReplicatorTest(support.TestCase):
                                     "num_replicas=9 .* already started with 8 logical CPU.*EXPFRAME_CPU_DEVICES=9"):
             xf.Replicator("cpu", 9)
 
+    def test_logical_cpu_devices_have_a_ceiling(self):
+        """Beyond 64 logical CPU devices a binding is refused at once, naming it, unless
+        EXPFRAME_CPU_DEVICES asks for that many (issue 18, item 9)."""
+        with self.assertRaisesRegex(xf.ConfigError, r"^Replicator.num_replicas=65 on target 'cpu' asks for 65 "
+                                    r"logical CPU devices, more than the ceiling of 64 .*use Replicator.num_replicas "
+                                    r"<= 64, or set EXPFRAME_CPU_DEVICES=65"):
+            xf.Replicator("cpu", 65)
+        with self.assertRaisesRegex(xf.ConfigError, r"^Replicator.mesh_shape=\{'batch': 64, 'model': 64\} asks for "
+                                    r"4096 logical CPU devices, more than the ceiling of 64 .*make the product of the "
+                                    r"mesh axes <= 64, or set EXPFRAME_CPU_DEVICES=4096"):
+            xf.Replicator("mesh", mesh_shape={"batch": 64, "model": 64})
+        with mock.patch.dict(os.environ, {"EXPFRAME_CPU_DEVICES": "65"}):  # raised explicitly: past the ceiling
+            with self.assertRaisesRegex(xf.ConfigError, "num_replicas=65 .* already started with 8 logical CPU"):
+                xf.Replicator("cpu", 65)
+        with mock.patch.dict(os.environ, {"EXPFRAME_CPU_DEVICES": "many"}):
+            with self.assertRaisesRegex(xf.ConfigError, "EXPFRAME_CPU_DEVICES='many' must be a positive integer"):
+                xf.Replicator("cpu", 2)
+
     @parameterized.parameters(
         (dict(target="tpuu"), r"Replicator.target='tpuu' is not a known target; use one of 'cpu'"),
         (dict(target="gpu"), r"target='gpu' but TensorFlow sees no GPU"),
