@@ -60,6 +60,20 @@ class ReplicatorTest(support.TestCase):
     def test_auto_picks_cpu_here(self):
         self.assertEqual(xf.Replicator("auto").target, "cpu")
 
+    def test_trace_steps_traces_once_for_run_steps(self):
+        """run_experiment traces the step before it writes anything; the first host call
+        reuses that trace instead of tracing again, and tracing reads no data."""
+        rep = xf.Replicator("cpu", 2)
+        it = iter(rep.distribute(lambda ctx: tf.data.Dataset.range(100).batch(2).map(
+            lambda b: tf.cast(b, tf.float32)), global_batch_size=4))
+        step = lambda batch: {"first": batch[0]}  # noqa: E731
+        rep.trace_steps(step, it)
+        loop = rep._step_loops[step]  # pylint: disable=protected-access
+        self.assertEqual(loop.experimental_get_tracing_count(), 1)
+        self.assertEqual(rep.run_steps(step, it, 2), {"first": 3.0})  # replicas start at 0 and 2, then 4 and 6
+        self.assertEqual(rep.run_steps(step, it, 1), {"first": 9.0})
+        self.assertEqual(loop.experimental_get_tracing_count(), 1)
+
     def test_batch_not_divisible(self):
         rep = xf.Replicator("cpu", 4)
         with self.assertRaisesRegex(xf.ConfigError,
