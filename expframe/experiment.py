@@ -21,6 +21,13 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
 def _precision_for(precision: str, target: str) -> str:
     if precision not in PRECISIONS:
         raise ConfigError(f"run_experiment.precision={precision!r}: use one of {', '.join(PRECISIONS)}.")
+    if target == "mesh" and precision.startswith("mixed"):
+        # The tensor-parallel layers are tf.Modules of float32 DTensor variables: Keras'
+        # dtype policy does not reach them, so the run would silently stay float32.
+        raise ConfigError(
+            f"run_experiment.precision={precision!r} is not available on Replicator.target='mesh': its "
+            "tensor-parallel layers compute in float32 and would ignore it; use run_experiment.precision='float32' "
+            "(or 'auto').")
     if precision != "auto":
         return precision
     if target == "tpu" or (target == "cpu" and _cpu_has_bfloat16()):
@@ -134,6 +141,8 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
         if mode == "eval" and step == 0:
             raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
+        if mode != "eval" and step < trainer.train_steps:
+            trainer.trace()  # errors found only while tracing the step also leave the model_dir untouched
         out.start(config_text, step, parsed_config)
     except BaseException:
         out.close()  # a non-chief worker's private directory

@@ -122,6 +122,13 @@ class Trainer:
         """See `Checkpointer.restore`; returns the step to continue from."""
         return self.checkpointer.restore(checkpoint_dir, read_dir)
 
+    def trace(self) -> None:
+        """Traces the train step before anything is written (`Replicator.trace_steps`): a
+        configuration error found only while tracing (e.g. gradients of an unscaled
+        loss under loss scaling) then leaves the model_dir untouched. The first host
+        call reuses the trace."""
+        self.rep.trace_steps(self.task.train_step, self.train_iterator)
+
     def run_eval(self, out: "run_files.RunFiles", step: int) -> Dict[str, float]:
         """Evaluates now (see `Evaluator.run`)."""
         return self.evaluator.run(out, step)

@@ -278,6 +278,11 @@ class Replicator:
             return {k: sum(n * float(m[k]) for n, m in fetched) / num_steps for k in fetched[0][1]}
         if self.mesh_target is not None:
             return self.mesh_target.run_steps(step_fn, iterator, num_steps)
+        loop = self._step_loop(step_fn)
+        return {k: float(v) for k, v in loop(iterator, tf.constant(num_steps, tf.int32)).items()}
+
+    def _step_loop(self, step_fn: Callable[..., Any]):
+        """The tf.function of `run_steps` on synchronous targets, one per step_fn."""
         if not hasattr(self, "_step_loops"):
             self._step_loops = {}
         loop = self._step_loops.get(step_fn)
@@ -285,7 +290,18 @@ class Replicator:
             def host_call(it, n):
                 return mean_over_steps(lambda: self.reduce(self.run(step_fn, next(it)), "mean"), n)
             loop = self._step_loops[step_fn] = tf.function(host_call)
-        return {k: float(v) for k, v in loop(iterator, tf.constant(num_steps, tf.int32)).items()}
+        return loop
+
+    def trace_steps(self, step_fn: Callable[..., Any], iterator) -> None:
+        """Traces what `run_steps(step_fn, iterator, n)` runs, without running it or reading
+        data; the next `run_steps` reuses the trace. Errors that tracing finds (a
+        ConfigError of the step, e.g. gradients of an unscaled loss) surface here.
+
+        Synchronous tf.distribute targets only: on 'parameter_server' and 'mesh' the
+        step is traced by its first `run_steps` (it needs a worker or a batch).
+        """
+        if self.coordinator is None and self.mesh_target is None:
+            self._step_loop(step_fn).get_concrete_function(iterator, tf.TensorSpec([], tf.int32))
 
     def schedule_steps(self, step_fn: Callable[..., Any], per_worker_iterator, num_steps: int) -> Any:
         """parameter_server: schedules `num_steps` steps of `step_fn(next(iterator))` on a free worker.

@@ -254,11 +254,11 @@ class D4PGTask(Task):
                 dq_tape.watch(policy_actions)
                 q_values = self._expected(self.critic([observations, policy_actions]))
             actor_loss = tf.reduce_mean(losses.dpg_loss(q_values, policy_actions, dq_tape, self.dqda_clipping))
-        critic_variables, policy_variables = self.critic.trainable_variables, self.policy.trainable_variables
-        critic_gradients = critic_tape.gradient(critic_loss, critic_variables)
-        policy_gradients = actor_tape.gradient(actor_loss, policy_variables)
-        self.critic_optimizer.apply_gradients(zip(critic_gradients, critic_variables, strict=True))
-        self.actor_optimizer.apply_gradients(zip(policy_gradients, policy_variables, strict=True))
+        # minimize scales each loss under loss scaling (mixed_float16), then unscales,
+        # averages over replicas, clips and applies. The policy's gradient does not
+        # read the critic's weights (dQ/da is fixed above), so the order is free.
+        self.critic_optimizer.minimize(critic_loss, self.critic.trainable_variables, critic_tape)
+        self.actor_optimizer.minimize(actor_loss, self.policy.trainable_variables, actor_tape)
 
         tf.numpy_function(self._receive, [batch["key"], td_error], [], stateful=True)
         return {"loss": critic_loss, "critic_loss": critic_loss, "actor_loss": actor_loss,

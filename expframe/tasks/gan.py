@@ -203,9 +203,7 @@ class GANTask(Task):
                              tf.float32)
             d_real, d_fake = tf.split(scores, 2)
             loss = discriminator_loss(self.loss, d_real, d_fake)
-            scaled = self.discriminator_optimizer.scale_loss(loss)
-        variables = self.discriminator.trainable_variables
-        self.discriminator_optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables, strict=True))
+        self.discriminator_optimizer.minimize(loss, self.discriminator.trainable_variables, tape)
         return loss, tf.reduce_mean(d_real), tf.reduce_mean(d_fake)
 
     def _generator_step(self, z, labels):
@@ -213,9 +211,7 @@ class GANTask(Task):
             fake = self.generator([z, labels], training=True)
             scores = tf.cast(self.discriminator([fake, labels], training=False), tf.float32)
             loss = generator_loss(self.loss, scores)
-            scaled = self.generator_optimizer.scale_loss(loss)
-        variables = self.generator.trainable_variables
-        self.generator_optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables, strict=True))
+        self.generator_optimizer.minimize(loss, self.generator.trainable_variables, tape)
         return loss
 
     def _update_ema(self):
