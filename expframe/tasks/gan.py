@@ -171,7 +171,7 @@ class GANTask(Task):
         self._features = None
         self._summary_writer = None
         self._standing = None       # (generator updates, [(variable, standing value)]) of the last evaluation
-        self._standing_step = None
+        self._standing_estimator = None
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -329,10 +329,10 @@ class GANTask(Task):
         self._standing = None
         if self.generator_ema is None or not self.ema_standing_passes:
             return
-        if self._standing_step is None:
-            self._standing_step = gan_standing.StandingStatistics(self.replicator, self.generator_ema)
+        if self._standing_estimator is None:
+            self._standing_estimator = gan_standing.StandingStatistics(self.replicator, self.generator_ema)
         batch, passes = self.generator_batch_size, self.ema_standing_passes
-        values = self._standing_step.estimate(
+        values = self._standing_estimator.estimate(
             lambda ctx: gan_inputs.standing_inputs(ctx, passes, batch, self.z_dim, self.num_classes,
                                                    self.eval_seed), passes, batch)
         self._standing = (int(self.generator_optimizer.iterations.numpy()), values)
