@@ -2,7 +2,7 @@
 
     python main.py --gin_file=experiments/sngan_shapes.gin --model_dir=/tmp/shapes \\
         --gin_param="Trainer.max_checkpoints = 5"          # keep every 1,000-step checkpoint
-    python benchmarks/sngan_standing_stats.py --model_dir=/tmp/shapes [--passes=0,4,16,64]
+    python benchmarks/sngan_standing_stats.py --model_dir=/tmp/shapes [--passes=0,4,16,64] [--steps=5000]
 
 Builds the run's task from `<model_dir>/config.gin`, restores each checkpoint in the
 model_dir, and evaluates its moving-average generator (`GANTask.ema_decay`) as the
@@ -29,9 +29,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", required=True, help="a finished GAN run with checkpoints")
     parser.add_argument("--passes", default="0,16", help="comma-separated GANTask.ema_standing_passes to compare")
+    parser.add_argument("--steps", default=None, help="comma-separated checkpoint steps to evaluate (default: all)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "sngan_standing_stats.json"))
     args = parser.parse_args()
     passes = [int(p) for p in args.passes.split(",")]
+    steps = None if args.steps is None else {int(s) for s in args.steps.split(",")}
+    with open("/proc/loadavg", encoding="utf-8") as f:
+        load_start = f.read().split()[:3]
 
     import gin  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -62,21 +66,29 @@ def main() -> None:
     for path in state.all_model_checkpoint_paths:
         checkpoint.restore(path).expect_partial()
         step = int(task.generator_optimizer.iterations.numpy())
+        if steps is not None and step not in steps:
+            continue
         for k in passes:
             task.ema_standing_passes = k
             metrics = task.evaluate(Runner())
             rows.append(dict(step=step, passes=k, **{m: round(float(v), 4) for m, v in metrics.items()}))
             print(f"step {step:>6}  passes {k:>3}  " + "  ".join(f"{m} {v:.4f}" for m, v in metrics.items()),
                   flush=True)
+    if not rows:
+        raise SystemExit(f"error: none of the checkpoints in {args.model_dir}/checkpoints is at --steps={args.steps}.")
     with open("/proc/loadavg", encoding="utf-8") as f:
         load = f.read().split()[:3]
     result = {"model_dir": args.model_dir, "num_replicas": rep.num_replicas, "num_eval_samples": task.num_eval_samples,
-              "generator_batch": task.generator_batch_size, "rows": rows, "loadavg": load,
-              "eval_wall_s": round(time.time() - started, 1)}
+              "generator_batch": task.generator_batch_size, "rows": rows, "loadavg_start": load_start,
+              "loadavg": load, "eval_wall_s": round(time.time() - started, 1)}
+    print("\n| step | passes | " + " | ".join(m for m in rows[0] if m not in ("step", "passes")) + " |")
+    print("|---" * len(rows[0]) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(v) for v in row.values()) + " |")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
-    print(f"load average {' '.join(load)}; wrote {args.out}")
+    print(f"load average {' '.join(load_start)} at the start, {' '.join(load)} at the end; wrote {args.out}")
 
 
 if __name__ == "__main__":
