@@ -22,15 +22,18 @@ update on the same global batch.
 
 Standing statistics of the moving average. The copied batch-norm statistics
 describe the activations of the online generator's weights, not of the averaged
-ones. Before each evaluation (and so for its grid) the task re-estimates them
-(BigGAN's "standing statistics"): `ema_standing_passes` training-mode passes of the
-averaged generator on the generator's global batch of noise and uniform labels
+ones. With `ema_standing_passes` K > 0, before each evaluation (and so for its
+grid) the task re-estimates them (BigGAN's "standing statistics"): K training-mode
+passes of the averaged generator on the generator's global batch of noise and uniform labels
 (drawn from stateless seeds of `eval_seed`: the same at every evaluation, on any
 replica count), batch norm synchronised over replicas as in training; each batch
 norm's moving mean and variance become the mean over the passes of its global-batch
 mean and (biased) variance. They are used for the evaluation's samples only: the
 copied statistics are put back after it, so checkpoints and training do not see
-them. `ema_standing_passes = 0` samples with the copied statistics.
+them. `ema_standing_passes = 0` (the default) samples with the copied statistics:
+on `sngan_shapes` standing statistics (16 passes) gave a worse FID and sample
+accuracy at the final step than the copied ones (README, SN-GAN;
+benchmarks/sngan_standing_stats.py).
 
 Evaluation (`evaluate`): `num_eval_samples` images from the sampling generator
 (noise seeded per sample, labels balanced over the classes) and as many real ones
@@ -119,8 +122,8 @@ class GANTask(Task):
       ema_start_step: before this many generator updates the average copies the weights.
       ema_standing_passes: training-mode passes of the averaged generator, each on the
         generator's global batch, that re-estimate its batch-norm statistics before
-        each evaluation (see module docstring); 0: sample with the statistics copied
-        from the online generator.
+        each evaluation (see module docstring); 0 (the default): sample with the
+        statistics copied from the online generator.
       feature_network: `fn() -> FeatureNetwork` for the metrics (e.g. `@shapes_classifier`,
         `@inception_network`); None: no metrics (grids only).
       num_eval_samples: N generated and N real images per evaluation.
@@ -137,7 +140,7 @@ class GANTask(Task):
                  generator_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
                  discriminator_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
                  disc_steps: int = 5, generator_batch_ratio: float = 1, loss: str = "hinge",
-                 ema_decay: Optional[float] = None, ema_start_step: int = 0, ema_standing_passes: int = 16,
+                 ema_decay: Optional[float] = None, ema_start_step: int = 0, ema_standing_passes: int = 0,
                  feature_network: Optional[Callable[[], FeatureNetwork]] = None,
                  num_eval_samples: int = 10_000, inception_splits: int = 10, train_split: str = "train",
                  metric_split: str = "train", grid_columns: int = 10, grid_classes: int = 10, eval_seed: int = 1234):
