@@ -104,6 +104,7 @@ class Trainer:
         task.setup(replicator, self.global_batch_size, seed, deterministic)
         with replicator.scope():
             task.build()
+            replicator.check_variables(task.trackables(), type(task).__name__)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         if replicator.coordinator is not None:

@@ -105,3 +105,16 @@ def test_vit_reaches_090_top1(tmp_path):
     print(f"vit_shapes_mesh: top1 {result['eval']['top1']:.4f} in {time.time() - started:.0f} s "
           f"(training {result['wall_time_s']:.0f} s)")
     assert learning.passed(result["eval"]), [t.text() for t in learning.thresholds]
+
+
+def test_plain_keras_model_on_a_mesh_of_several_devices_exits_2(data_dir, tmp_path):
+    """A Keras model is not split over the mesh, and on a 2x1 mesh its updates silently
+    differed from one replica's (loss 1.2465 against 1.1490): it is refused before
+    anything is traced or written, naming the bindings to change."""
+    done = mr.run(["examples/regression/regression.gin"], tmp_path / "run", data_dir,
+                  ("Replicator.target = 'mesh'", _mesh(2, 1), "Trainer.train_steps = 2"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert "RegressionTask's 'model' has a variable that is not laid out on the mesh" in line, line
+    assert "use Replicator.target='cpu'" in line, line
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())

@@ -42,9 +42,7 @@ class RegressionTask(Task):
     def train_step(self, batch) -> Dict[str, tf.Tensor]:  # on every replica, its share of the batch
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(self._predict(batch, training=True) - batch["y"]))
-            scaled = self.optimizer.scale_loss(loss)  # float16 loss scaling (identity otherwise)
-        variables = self.model.trainable_variables
-        self.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables, strict=True))
+        self.optimizer.minimize(loss, self.model.trainable_variables, tape)  # scales for float16 too
         return {"loss": loss}
 
     def eval_step(self, batch) -> Dict[str, tf.Tensor]:  # sums over the examples, weighted by the mask

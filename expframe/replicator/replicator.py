@@ -292,6 +292,12 @@ class Replicator:
             loop = self._step_loops[step_fn] = tf.function(host_call)
         return loop
 
+    def check_variables(self, trackables: Dict[str, Any], owner: str) -> None:
+        """After the task is built: refuses variables this target cannot run correctly
+        (on 'mesh': plain Keras variables when the mesh has several devices)."""
+        if self.mesh_target is not None:
+            self.mesh_target.check_variables(trackables, owner)
+
     def trace_steps(self, step_fn: Callable[..., Any], iterator) -> None:
         """Traces what `run_steps(step_fn, iterator, n)` runs, without running it or reading
         data; the next `run_steps` reuses the trace. Errors that tracing finds (a
