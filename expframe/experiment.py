@@ -2,6 +2,7 @@
 written into the model_dir until the whole configuration has been validated."""
 
 import os
+import time
 
 import gin
 import keras
@@ -9,7 +10,7 @@ import tensorflow as tf
 
 from expframe import config
 from expframe.errors import ConfigError
-from expframe.replicator import Replicator
+from expframe.replicator import Replicator, cluster
 from expframe.run_files import RunFiles
 from expframe.tasks.base import Task
 from expframe.trainer import Trainer
@@ -119,8 +120,17 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     if not allow_config_change:
         _check_config_unchanged(model_dir, config_text, parsed_config)
     out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
+    with cluster.lost_worker_is_a_run_error(replicator.num_workers, out.restore_dir):
+        return _restore_and_run(trainer, replicator, out, model_dir, mode, config_text, parsed_config)
+
+
+def _restore_and_run(trainer: Trainer, replicator: Replicator, out: RunFiles, model_dir: str, mode: str,
+                     config_text: str, parsed_config: str) -> dict:
+    """Restores the newest checkpoint, then trains and/or evaluates; returns the result dict."""
     try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
+        started = time.monotonic()
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
+        restore_s = time.monotonic() - started
         if mode == "eval" and step == 0:
             raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
         out.start(config_text, step, parsed_config)
@@ -128,7 +138,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
         out.close()  # a non-chief worker's private directory
         raise
     if step:
-        out.progress(f"resuming from step {step} ({out.checkpoint_dir})")
+        out.progress(f"resuming from step {step} ({out.checkpoint_dir}; restored in {restore_s:.2f} s)")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "
                  f"global batch {trainer.global_batch_size}, {trainer.train_steps} steps")
     try:

@@ -19,6 +19,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
+from expframe import slurm_requeue
 from expframe.sweep import runner
 from expframe.sweep.spec import Study
 
@@ -26,7 +27,8 @@ SCRIPT = "study.sbatch"
 
 
 def script(study: Study, root: str, mode: str = "train_and_eval", options: Sequence[str] = (),
-           max_running: Optional[int] = None, main_py: str = runner.MAIN_PY) -> str:
+           max_running: Optional[int] = None, main_py: str = runner.MAIN_PY,
+           grace_s: int = slurm_requeue.DEFAULT_GRACE_S) -> str:
     """The text of the array job script.
 
     Args:
@@ -36,6 +38,8 @@ def script(study: Study, root: str, mode: str = "train_and_eval", options: Seque
       options: extra `#SBATCH` options, e.g. `--partition=gpu`, `--gres=gpu:8`.
       max_running: at most this many array tasks at once (`--array=0-N%K`).
       main_py: path of main.py.
+      grace_s: seconds before the time limit when Slurm warns a run (`--signal=B:TERM@grace_s`):
+        it checkpoints and exits, and its array task is requeued (expframe/slurm_requeue.py).
 
     Returns:
       A bash script for `sbatch`.
@@ -51,7 +55,7 @@ def script(study: Study, root: str, mode: str = "train_and_eval", options: Seque
         f"#SBATCH --job-name={study.name}",
         f"#SBATCH --array=0-{last}{throttle}",
         f"#SBATCH --output={os.path.join(os.path.abspath(root), runner.LOGS, 'slurm-%A_%a.out')}",
-    ]
+    ] + slurm_requeue.sbatch_lines(grace_s)
     lines += [f"#SBATCH {option}" for option in options]
     lines += [
         "set -euo pipefail",
@@ -69,8 +73,7 @@ def script(study: Study, root: str, mode: str = "train_and_eval", options: Seque
         "esac",
         'if [ -f "$MODEL_DIR/result.json" ]; then echo "$NAME: finished, skipped"; exit 0; fi',
         'echo "$NAME: $PYTHON ${ARGS[*]}"',
-        'exec "$PYTHON" "${ARGS[@]}"',
-    ]
+    ] + slurm_requeue.run_and_requeue('"$PYTHON" "${ARGS[@]}"')
     return "\n".join(lines) + "\n"
 
 
