@@ -36,8 +36,8 @@ follows the global batch, stays as it was; a global batch that does not divide b
 the new worker count is refused by main.py (exit 2, one line).
 
 Every process also gets `EXPFRAME_LAUNCH_SLOT` (its index in the first cluster: a
-worker keeps its slot when others are dropped) and `EXPFRAME_LAUNCH_RESTARTS` (the
-restarts so far).
+worker keeps its slot when others are dropped), `EXPFRAME_LAUNCH_RESTARTS` (the
+restarts so far) and a `TMPDIR` of its start of the cluster, removed when it ends.
 
 Fault detection between the processes themselves (a peer that died or hangs on a
 real cluster, with no launcher watching) is the coordination service's heartbeat:
@@ -116,7 +116,7 @@ class _Process:
     def __init__(self, role: str, index: int, slot: int, command: List[str], env: dict, is_server: bool,
                  on_line=None):
         self.name = "chief" if role == "chief" else f"{role} {index}"
-        self.role, self.slot, self.is_server = role, slot, is_server
+        self.slot, self.is_server = slot, is_server
         self._on_line = on_line
         self.popen = subprocess.Popen(
             command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -23,9 +23,10 @@ FAKE_SLURM = os.path.join(mr.ROOT, "tests", "fake_slurm")
 # Stands in for main.py under the array script: waits, checkpoints on SIGTERM.
 _FAKE_RUN = textwrap.dedent("""\
     #!/bin/bash
+    sleep 60 > /dev/null 2>&1 &
+    sleeper=$!
     trap 'echo "got SIGTERM: checkpoint saved"; kill $sleeper; exit 0' TERM
     echo "ready"
-    sleep 60 & sleeper=$!
     wait $sleeper
     echo "finished"
 """)
