@@ -1,7 +1,7 @@
 """The cost of recovery: from a fault to the first train step after the restart, in phases.
 
-    python benchmarks/recovery.py            # ~8 minutes on 2 cores
-    python benchmarks/recovery.py --quick    # ~4 minutes: one fault per workload
+    python benchmarks/recovery.py            # ~8 minutes on 2 idle cores (~920 CPU-seconds)
+    python benchmarks/recovery.py --quick    # ~5 minutes (~560 CPU-seconds): one fault per workload
 
 `python -m expframe.launch --workers=2 --max_restarts=N` runs main.py
 (Replicator.target='multi_worker', one step per host call, a checkpoint every
@@ -14,15 +14,18 @@
 
 and injects faults, one per start of the cluster, each after the chief logged a step:
 SIGKILL of worker 1, SIGKILL of worker 0 (the chief), SIGSTOP of worker 1 (a hang,
-found by the coordination service's heartbeats: `--heartbeat_timeout_s`, 5 s). Each
-line of the cluster's output is timestamped as it arrives; the phases of a recovery:
+found by the coordination service's heartbeats: `--heartbeat_timeout_s`, 5 s); on
+ResNet-50, whose every start traces for minutes, the first and the last (`--quick`:
+the first on each). Each line of the cluster's output is timestamped as it arrives;
+the phases of a recovery:
 
   detection  fault -> the launcher sees a process fail (its restart line says how long
              before it printed that the failure was seen)
   restart    -> the restarted chief starts restoring: stopping the survivors (SIGTERM,
              then SIGKILL after --grace_s; a stopped process at once), new processes,
              TensorFlow's import, the cluster's formation, building the model and input
-  restore    the checkpoint's restore (main.py's `resuming from step N (...; restored in T s)`)
+  restore    the checkpoint's restore (main.py's `resuming from step N (...; restored in T s)`),
+             agreeing on the step with the other worker included
   re-trace   -> the first step after the restart is logged, less one step's time (the
              median step of the start before): tracing the train step again
   total      fault -> that first step
@@ -51,6 +54,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 FAULTS = {"kill_worker_1": ("worker 1", signal.SIGKILL), "kill_chief": ("worker 0", signal.SIGKILL),
           "hang_worker_1": ("worker 1", signal.SIGSTOP)}
+FULL = {"quickstart": list(FAULTS), "resnet50": ["kill_worker_1", "hang_worker_1"]}
 MULTI_WORKER = ["Replicator.target = 'multi_worker'", "Replicator.num_replicas = None", "Trainer.steps_per_loop = 1",
                 "Trainer.log_every_steps = 1", "Trainer.eval_every_steps = None", "Trainer.train_steps = 100000"]
 WORKLOADS = {
@@ -193,7 +197,6 @@ def main():
     parser.add_argument("--checkpoint_every", type=int, default=4, help="steps between checkpoints")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    faults = ["kill_worker_1"] if args.quick else list(FAULTS)
     out = args.out or os.path.join(RESULTS, f"recovery{'_quick' if args.quick else ''}.json")
     result = {"benchmark": "recovery", "cpu": cpu_name(), "cores": os.cpu_count(), "quick": args.quick,
               "load_average_at_start": round(os.getloadavg()[0], 2), "checkpoint_every_steps": args.checkpoint_every,
@@ -209,6 +212,7 @@ def main():
                        capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT))
         print(HEADER, flush=True)
         for workload in args.workloads:
+            faults = ["kill_worker_1"] if args.quick else FULL[workload]
             result["rows"] += measure(workload, faults, tmp, args.checkpoint_every, steps_between=2)
     result["load_average_at_end"] = round(os.getloadavg()[0], 2)
     result["wall_time_s"] = round(time.monotonic() - started, 1)

@@ -10,6 +10,8 @@ Index k runs exactly the `main.py` command the local runner would (same gin file
 bindings and model_dir), from the directory the script was written in. A run whose
 `result.json` exists exits at once, and a resubmitted array resumes the others from
 their checkpoints. Slurm writes each index's output to `<root>/logs/slurm-<job>_<k>.out`.
+An index that Slurm warns of its time limit (`--signal=B:TERM@120`) checkpoints and
+requeues itself, and resumes when it runs again (expframe/slurm_requeue.py).
 """
 
 from __future__ import annotations
