@@ -84,14 +84,30 @@ def lost_worker_is_a_run_error(num_workers: int, checkpoint_dir: str) -> Iterato
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError) as e:
         if num_workers <= 1:
             raise
-        lines = [line.strip() for line in re.sub(r"\{\{function_node [^}]*\}\}", "", e.message).splitlines()]
-        lines = [line for line in lines if line]
-        cause = " ".join(lines[:2]) if lines and lines[0].endswith(":") and len(lines) > 1 else (lines or ["?"])[0]
-        cause = cause if len(cause) <= 240 else cause[:237] + "..."
         raise WorkerLostError(
-            f"the cluster lost a worker ({type(e).__name__}: {cause}); the last checkpoint in {checkpoint_dir} is "
+            f"the cluster lost a worker ({type(e).__name__}: {lost_worker_cause(e.message)}); the last checkpoint in "
+            f"{checkpoint_dir} is "
             "intact: rerun the same command to resume (`python -m expframe.launch --max_restarts=N` restarts "
             "on its own).") from None
+
+
+_CAUSES = ("aborted by", "unhealthy", "heartbeat", "socket closed", "connection", "failed to connect", "deadline")
+_NOISE = ("File ", "Graph execution error", "Detected at node", "[[", "Additional GRPC error", "The error could be")
+
+
+def lost_worker_cause(message: str) -> str:
+    """The line of a TensorFlow error message that says why the peer is lost (at most 240
+    characters): the first naming a cause (aborted collectives, missing heartbeats, a
+    closed connection), not the traceback of the op that noticed; with the next line
+    when it ends with a colon (the task it names)."""
+    lines = [line.strip() for line in re.sub(r"\{\{function_node [^}]*\}\}", "", message).splitlines()]
+    lines = [line for line in lines
+             if line and not line.startswith(_NOISE) and not line.endswith("(most recent call last):")]
+    if not lines:
+        return "no message"
+    at = next((i for i, line in enumerate(lines) if any(c in line.lower() for c in _CAUSES)), 0)
+    cause = lines[at] + (" " + lines[at + 1] if lines[at].endswith(":") and at + 1 < len(lines) else "")
+    return cause if len(cause) <= 240 else cause[:237] + "..."
 
 
 def exit_now(status: int) -> None:
