@@ -170,7 +170,11 @@ def test_a_hung_worker_ends_the_cluster_within_10s_and_it_restarts(data_dir, tmp
     resumed = int(m.group(4))
     assert 2 <= resumed <= 4 and resumed % EVERY == 0, m.group(0)
     assert f"[worker 0] resuming from step {resumed} " in cluster.output
-    # The restarted cluster is the one that trains on (stopped here, while it traces: that costs time).
+    # The restarted cluster is the one that trains on. It is stopped here, while it traces:
+    # SIGTERM, then a second one, on which the launcher kills its processes at once
+    # (else it would wait its grace, 10 s, for a trace that cannot act on the first).
+    cluster.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
     cluster.proc.send_signal(signal.SIGTERM)
     status, out = cluster.wait(timeout=300)
     assert status == 128 + signal.SIGTERM, out[-4000:]
