@@ -254,9 +254,9 @@ class _Attempt:
 class _Restart:
     """A restart, whose line waits for where the restarted cluster resumed."""
 
-    def __init__(self, number: int, max_restarts: int, failure: str, change: str):
+    def __init__(self, number: int, max_restarts: int, failure: str, change: str, seen_at: float):
         self.number, self.max_restarts, self.failure, self.change = number, max_restarts, failure, change
-        self.failed_at = time.monotonic()
+        self.failed_at = seen_at  # when the launcher saw the failure, before it stopped the others
 
     def line(self, attempt: _Attempt, ended: str = "") -> str:
         """`restart k/N: <who> <how>[; <worker change>]; resumed from step S[; data position], T s
@@ -309,6 +309,7 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
                 if outcome is None:
                     time.sleep(0.05)
             kind, p, code = outcome
+            seen_at = time.monotonic()
             if kind == "ok":
                 _stop([q for q in attempt.procs if q.is_server], signal.SIGTERM, grace_s)
                 for q in attempt.procs:
@@ -339,7 +340,7 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
                           f"{min_workers}; the global batch is unchanged, each worker's share grows)")
             last_failed_slot = p.slot
             restarts += 1
-            restart = _Restart(restarts, max_restarts, what, change)
+            restart = _Restart(restarts, max_restarts, what, change, seen_at)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
