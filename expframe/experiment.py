@@ -8,7 +8,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe import config
+from expframe import config, provenance
 from expframe.errors import ConfigError
 from expframe.replicator import Replicator, cluster
 from expframe.run_files import RunFiles
@@ -88,7 +88,7 @@ def _check_config_unchanged(model_dir: str, config_text: str, parsed_config: str
 @gin.configurable
 def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: str = "",
                    allow_config_change: bool = False, task: Task = gin.REQUIRED, seed: int = 0,
-                   deterministic: bool = False, precision: str = "float32") -> dict:
+                   deterministic: bool = False, precision: str = "float32", dry_run: bool = False) -> dict:
     """Runs one experiment as configured by gin; returns the result dict.
 
     Args:
@@ -100,6 +100,10 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
       seed: initialisation and data order.
       deterministic: op determinism (same weights on rerun and on resume).
       precision: 'float32', 'mixed_bfloat16', 'mixed_float16' or 'auto' (by target).
+      dry_run: build everything a run builds before its first step (Replicator, Trainer,
+        the task's model, optimizer and input pipelines), check a resume (the config
+        and the checkpoint's shapes, read only), then return without training or
+        writing anything into model_dir: {"dry_run": True, "step", "parsed_config", ...}.
     """
     if mode not in MODES:
         raise ConfigError(f"--mode={mode!r}: use one of {', '.join(MODES)}.")
@@ -119,6 +123,13 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     parsed_config = gin.config_str()
     if not allow_config_change:
         _check_config_unchanged(model_dir, config_text, parsed_config)
+    if dry_run:
+        step = trainer.restore(os.path.join(model_dir, "checkpoints"))  # reads only
+        if mode == "eval" and step == 0:
+            raise ConfigError(f"--mode=eval but {model_dir}/checkpoints holds no checkpoint; train first.")
+        return {"dry_run": True, "step": step, "parsed_config": parsed_config, "target": replicator.target,
+                "num_replicas": replicator.num_replicas, "global_batch_size": trainer.global_batch_size,
+                "train_steps": trainer.train_steps}
     out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
     with cluster.lost_worker_is_a_run_error(replicator.num_workers, out.restore_dir):
         return _restore_and_run(trainer, replicator, out, model_dir, mode, config_text, parsed_config)
@@ -128,15 +139,17 @@ def _restore_and_run(trainer: Trainer, replicator: Replicator, out: RunFiles, mo
                      config_text: str, parsed_config: str) -> dict:
     """Restores the newest checkpoint, then trains and/or evaluates; returns the result dict."""
     try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
-        started = time.monotonic()
+        restore_started = time.monotonic()
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
-        restore_s = time.monotonic() - started
+        restore_s = time.monotonic() - restore_started
         if mode == "eval" and step == 0:
             raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
         out.start(config_text, step, parsed_config)
     except BaseException:
         out.close()  # a non-chief worker's private directory
         raise
+    started = provenance.record()
+    out.log_provenance(step, started)  # every start: commit, versions, machine, load
     if step:
         out.progress(f"resuming from step {step} ({out.checkpoint_dir}; restored in {restore_s:.2f} s)")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "
@@ -150,7 +163,7 @@ def _restore_and_run(trainer: Trainer, replicator: Replicator, out: RunFiles, mo
             return summary
         result = {"step": summary["step"], "target": replicator.target, "num_replicas": replicator.num_replicas,
                   "global_batch_size": trainer.global_batch_size, "eval": summary["eval"],
-                  "wall_time_s": round(summary["wall_time_s"], 3)}
+                  "wall_time_s": round(summary["wall_time_s"], 3), "provenance": provenance.finished(started)}
         out.write_result(result)
         return result
     finally:
