@@ -111,6 +111,9 @@ def _run(argv) -> int:
                                            allow_config_change=FLAGS.allow_config_change, dry_run=FLAGS.dry_run)
     except (errors.ConfigError, errors.RunError) as e:
         print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        if isinstance(e, errors.WorkerLostError):  # TensorFlow's teardown would wait for the lost peer
+            from expframe.replicator import cluster  # pylint: disable=import-outside-toplevel
+            cluster.exit_now(e.exit_code)
         return e.exit_code
     except (TypeError, ValueError, RuntimeError) as e:
         # gin builds run_experiment's arguments (the task) before its body runs.

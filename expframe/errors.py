@@ -19,3 +19,10 @@ class RunError(RuntimeError):
     """
 
     exit_code = 1
+
+
+class WorkerLostError(RunError):
+    """A worker of a multi-process cluster died or stopped answering (the coordination
+    service's heartbeats, a failed collective). Exit status 1; the last good checkpoint
+    is intact, and `python -m expframe.launch --max_restarts=N` restarts the cluster.
+    """

@@ -2,6 +2,7 @@
 written into the model_dir until the whole configuration has been validated."""
 
 import os
+import time
 
 import gin
 import keras
@@ -9,7 +10,7 @@ import tensorflow as tf
 
 from expframe import config, provenance
 from expframe.errors import ConfigError
-from expframe.replicator import Replicator
+from expframe.replicator import Replicator, cluster
 from expframe.run_files import RunFiles
 from expframe.tasks.base import Task
 from expframe.trainer import Trainer
@@ -137,8 +138,17 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
                 "num_replicas": replicator.num_replicas, "global_batch_size": trainer.global_batch_size,
                 "train_steps": trainer.train_steps}
     out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
+    with cluster.lost_worker_is_a_run_error(replicator.num_workers, out.restore_dir):
+        return _restore_and_run(trainer, replicator, out, model_dir, mode, config_text, parsed_config)
+
+
+def _restore_and_run(trainer: Trainer, replicator: Replicator, out: RunFiles, model_dir: str, mode: str,
+                     config_text: str, parsed_config: str) -> dict:
+    """Restores the newest checkpoint, then trains and/or evaluates; returns the result dict."""
     try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
+        restore_started = time.monotonic()
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
+        restore_s = time.monotonic() - restore_started
         if mode == "eval" and step == 0:
             raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
         if mode != "eval" and step < trainer.train_steps:
@@ -150,7 +160,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     started = provenance.record()
     out.log_provenance(step, started)  # every start: commit, versions, machine, load
     if step:
-        out.progress(f"resuming from step {step} ({out.checkpoint_dir})")
+        out.progress(f"resuming from step {step} ({out.checkpoint_dir}; restored in {restore_s:.2f} s)")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "
                  f"global batch {trainer.global_batch_size}, {trainer.train_steps} steps")
     try:

@@ -4,6 +4,8 @@
         --gin_param="Replicator.target='multi_worker'"
     python -m expframe.launch --workers=2 --ps=1 -- main.py --gin_file=... \
         --gin_param="Replicator.target='parameter_server'"
+    python -m expframe.launch --workers=4 --max_restarts=3 --min_workers=2 -- main.py ...
+    python -m expframe.launch --emit=slurm --workers=4 -- main.py ... > run.sbatch
 
 Everything after `--` is the command each program process runs (a first word ending
 in `.py` runs with this Python). Free ports are taken on `--host` (127.0.0.1 unless
@@ -16,23 +18,46 @@ given), and every process gets a `TF_CONFIG` naming the cluster and its own task
 
 Each process's output lines are prefixed with its role (`[worker 1] ...`). SIGINT and
 SIGTERM are forwarded to every process. When any process fails (non-zero status or
-killed by a signal) the others are stopped (SIGTERM, then SIGKILL after a grace) and
-the launcher exits with 2 if that process exited 2 (a configuration error), else 1,
-after one line that names the process and how it ended.
+killed by a signal) the others are stopped (SIGTERM, then SIGKILL after a grace; a
+stopped, SIGSTOPped, process at once: it could not act on SIGTERM) and the launcher
+exits with 2 if that process exited 2 (a configuration error), else 1, after one line
+that names the process and how it ended.
+
+Restarts (`--max_restarts=N`): a failure other than exit status 2 starts the cluster
+again with the same command, on fresh ports, up to N times; the program resumes from
+its last checkpoint. One line per restart names the process that failed, how, the
+step the restarted cluster resumed from (main.py's `resuming from step N` line) and
+the restarts left; after N restarts the launcher exits 1. A worker whose process
+fails again before the restarted cluster resumed cannot be restarted (its machine
+is gone): with `--min_workers=M` < `--workers` the cluster continues without it,
+down to M workers (each restart, with or without a worker less, counts). The global
+batch is unchanged, so each worker's share grows and the learning rate, which
+follows the global batch, stays as it was; a global batch that does not divide by
+the new worker count is refused by main.py (exit 2, one line).
+
+Every process also gets `EXPFRAME_LAUNCH_SLOT` (its index in the first cluster: a
+worker keeps its slot when others are dropped), `EXPFRAME_LAUNCH_RESTARTS` (the
+restarts so far) and a `TMPDIR` of its start of the cluster, removed when it ends.
 
 Fault detection between the processes themselves (a peer that died or hangs on a
 real cluster, with no launcher watching) is the coordination service's heartbeat:
 `expframe.replicator.cluster.configure_fault_detection()` sets its timeout from `EXPFRAME_HEARTBEAT_TIMEOUT_S`,
 which this launcher exports (`--heartbeat_timeout_s`).
+
+`--emit=slurm` prints a Slurm batch script for the same run instead (one task per
+worker, `--requeue`, `--signal=B:TERM@<grace>`; see expframe/slurm_requeue.py).
 """
 
 import argparse
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import List, Optional, Sequence
@@ -41,7 +66,14 @@ from typing import List, Optional, Sequence
 # repeated here so that the launcher starts without importing TensorFlow.
 HEARTBEAT_ENV = "EXPFRAME_HEARTBEAT_TIMEOUT_S"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
+SLOT_ENV = "EXPFRAME_LAUNCH_SLOT"
+RESTARTS_ENV = "EXPFRAME_LAUNCH_RESTARTS"
 _PROG = "expframe.launch"
+
+# What main.py's chief prints once it restored (experiment.py, data_position.py).
+_RESUMED = re.compile(rb"^resuming from step (\d+) ")
+_FRESH = re.compile(rb"^model_dir .*: target '")
+_POSITION = re.compile(rb"^expframe: (data position (?:carried over|re-derived): [^;]*)")
 
 
 # -- cluster -----------------------------------------------------------------------------
@@ -78,11 +110,14 @@ def program_command(args: Sequence[str]) -> List[str]:
 
 
 class _Process:
-    """One child: its role, its Popen, and the thread that prefixes its output."""
+    """One child: its role, slot, Popen, and the thread that prefixes its output (and
+    hands each line to `on_line`)."""
 
-    def __init__(self, role: str, index: int, command: List[str], env: dict, is_server: bool):
+    def __init__(self, role: str, index: int, slot: int, command: List[str], env: dict, is_server: bool,
+                 on_line=None):
         self.name = "chief" if role == "chief" else f"{role} {index}"
-        self.is_server = is_server
+        self.slot, self.is_server = slot, is_server
+        self._on_line = on_line
         self.popen = subprocess.Popen(
             command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True)  # own group: we forward signals.
@@ -96,6 +131,8 @@ class _Process:
             with _print_lock:
                 out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
                 out.flush()
+            if self._on_line is not None:
+                self._on_line(self, line)
 
     def signal(self, signum: int) -> None:
         try:
@@ -103,8 +140,21 @@ class _Process:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def is_stopped(self) -> bool:
+        """Whether the process is stopped (SIGSTOP, state T in /proc): it cannot act on SIGTERM."""
+        try:
+            with open(f"/proc/{self.popen.pid}/stat", encoding="utf-8") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        except (OSError, IndexError):
+            return False
+
 
 _print_lock = threading.Lock()
+
+
+def _say(line: str) -> None:
+    with _print_lock:
+        print(f"{_PROG}: {line}", file=sys.stderr, flush=True)
 
 
 def _describe(returncode: int) -> str:
@@ -118,10 +168,14 @@ def _describe(returncode: int) -> str:
 
 def _stop(procs: Sequence[_Process], signum: Optional[int], grace_s: float) -> None:
     """Sends `signum` (unless None: already sent) to every live process, then SIGKILL
-    to those still alive after `grace_s`, and waits for all of them and their output."""
+    to those still alive after `grace_s` (to a stopped one at once), and waits for all
+    of them and their output."""
     for p in procs:
-        if signum is not None and p.popen.poll() is None:
-            p.signal(signum)
+        if p.popen.poll() is None:
+            if signum is not None:
+                p.signal(signum)
+            if p.is_stopped():
+                p.signal(signal.SIGKILL)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(p.popen.poll() is None for p in procs):
         time.sleep(0.02)
@@ -133,21 +187,103 @@ def _stop(procs: Sequence[_Process], signum: Optional[int], grace_s: float) -> N
         p.reader.join(timeout=2.0)
 
 
+class _Attempt:
+    """One start of the cluster: its processes, how it ended, and where it resumed."""
+
+    def __init__(self, program: List[str], slots: List[int], ps: int, host: str, base_env: dict, restarts: int):
+        self.started = time.monotonic()
+        self.slots = slots
+        self.resumed_step: Optional[int] = None  # set by the chief's output
+        self.position: Optional[str] = None
+        cluster = make_cluster(len(slots), ps, host)
+        server = [sys.executable, "-m", "expframe.launch", "--serve"]
+        # Each start gets its own TMPDIR, removed when it ends: a killed worker's private
+        # files (e.g. a non-chief's checkpoint copies) do not pile up over restarts.
+        self.tmpdir = tempfile.mkdtemp(prefix="expframe_launch_")
+        base_env = dict(base_env, TMPDIR=self.tmpdir)
+        # Program processes first in the list: their output names the run.
+        if ps:
+            layout = [("chief", 0, -1, False)] + [("worker", i, s, True) for i, s in enumerate(slots)]
+            layout += [("ps", i, -1, True) for i in range(ps)]
+        else:
+            layout = [("worker", i, s, False) for i, s in enumerate(slots)]
+        self.procs: List[_Process] = []
+        for role, index, slot, is_server in layout:
+            env = dict(base_env, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}),
+                       **{SLOT_ENV: str(slot), RESTARTS_ENV: str(restarts)})
+            self.procs.append(_Process(role, index, slot, server if is_server else program, env, is_server,
+                                       on_line=None if is_server else self._on_line))
+
+    def remove_tmpdir(self) -> None:
+        """Removes this start's TMPDIR (after its processes ended)."""
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _on_line(self, proc: _Process, line: bytes) -> None:
+        if proc is not self.procs[0] or self.resumed_step is not None:
+            return
+        m = _POSITION.match(line)
+        if m:
+            self.position = m.group(1).decode(errors="replace").strip()
+        m = _RESUMED.match(line)
+        if m:
+            self.resumed_step = int(m.group(1))
+        elif _FRESH.match(line):
+            self.resumed_step = 0
+
+    def poll(self):
+        """None while running; else ("ok", None, 0) or ("failed", process, status).
+
+        Of processes found failed at once, a configuration error (2) comes first, then one
+        killed by a signal, then any other status: a worker whose peer died fails soon
+        after it (status 1), and the one to name is the peer."""
+        failed = []
+        for p in self.procs:
+            code = p.popen.poll()
+            # A server (ps mode's workers and ps) must not end while the chief runs.
+            if code is not None and (code != 0 or p.is_server):
+                failed.append((code != 2, code >= 0, p, code))
+        if failed:
+            _, _, p, code = min(failed, key=lambda f: f[:2])
+            return "failed", p, code
+        programs = [p for p in self.procs if not p.is_server]
+        if all(p.popen.poll() == 0 for p in programs):
+            return "ok", None, 0
+        return None
+
+
+class _Restart:
+    """A restart, whose line waits for where the restarted cluster resumed."""
+
+    def __init__(self, number: int, max_restarts: int, failure: str, change: str, seen_at: float):
+        self.number, self.max_restarts, self.failure, self.change = number, max_restarts, failure, change
+        self.failed_at = seen_at  # when the launcher saw the failure, before it stopped the others
+
+    def line(self, attempt: _Attempt, ended: str = "") -> str:
+        """`restart k/N: <who> <how>[; <worker change>]; resumed from step S[; data position], T s
+        after the failure; L restart(s) left`; `ended` says how a cluster that never
+        reported its resume ended."""
+        if attempt.resumed_step is None:
+            resumed = f"the restarted cluster {ended} without reporting where it resumed"
+        else:
+            position = f"; {attempt.position}" if attempt.position else ""
+            resumed = (f"resumed from step {attempt.resumed_step}{position}, "
+                       f"{time.monotonic() - self.failed_at:.2f} s after the failure")
+        return (f"restart {self.number}/{self.max_restarts}: {self.failure}{self.change}; {resumed}; "
+                f"{self.max_restarts - self.number} restart(s) left")
+
+
 def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0.0.1",
-           heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, grace_s: float = 3.0) -> int:
-    """Runs the cluster until it finishes or fails; returns the launcher's exit status."""
-    cluster = make_cluster(workers, ps, host)
+           heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, grace_s: float = 3.0,
+           max_restarts: int = 0, min_workers: Optional[int] = None) -> int:
+    """Runs the cluster until it finishes, fails with a configuration error (2), fails
+    once more than `max_restarts` allows (1), or is signalled (128 + signal)."""
+    min_workers = workers if min_workers is None else min_workers
     program = program_command(command)
-    server = [sys.executable, "-m", "expframe.launch", "--serve"]
     base_env = dict(os.environ, PYTHONUNBUFFERED="1", **{HEARTBEAT_ENV: str(heartbeat_timeout_s)})
-    procs: List[_Process] = []
-    # Program processes first in the list: their output names the run.
-    layout = [("chief", 0, False)] if ps else [("worker", i, False) for i in range(workers)]
-    if ps:
-        layout += [("worker", i, True) for i in range(workers)] + [("ps", i, True) for i in range(ps)]
-    received = []
+    received, attempt = [], None
 
     def on_signal(signum, frame):  # pylint: disable=unused-argument
+        procs = attempt.procs if attempt else []
         if received:  # a second signal: no more grace.
             for p in procs:
                 p.signal(signal.SIGKILL)
@@ -156,45 +292,63 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
             p.signal(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    slots, restarts, restart, last_failed_slot = list(range(workers)), 0, None, None
     try:
-        for role, index, is_server in layout:
-            env = dict(base_env, TF_CONFIG=json.dumps(
-                {"cluster": cluster, "task": {"type": role, "index": index}}))
-            procs.append(_Process(role, index, server if is_server else program, env, is_server))
         while True:
-            if received:
-                _stop(procs, None, grace_s=max(grace_s, 10.0))  # on_signal forwarded it.
-                name = signal.Signals(received[0]).name
-                print(f"{_PROG}: received {name}; stopped all processes", file=sys.stderr, flush=True)
-                return 128 + received[0]
-            failed = None
-            for p in procs:
-                code = p.popen.poll()
-                if code is None:
-                    continue
-                # A server (ps mode's workers and ps) must not end while the chief runs.
-                if code != 0 or p.is_server:
-                    failed = (p, code)
-                    break
-            if failed:
-                p, code = failed
-                _stop(procs, signal.SIGTERM, grace_s)
-                print(f"{_PROG}: {p.name} (pid {p.popen.pid}) {_describe(code)}; stopped the others",
-                      file=sys.stderr, flush=True)
-                return 2 if code == 2 else 1
-            programs = [p for p in procs if not p.is_server]
-            if all(p.popen.poll() == 0 for p in programs):
-                _stop([p for p in procs if p.is_server], signal.SIGTERM, grace_s)
-                for p in programs:
-                    p.reader.join(timeout=2.0)
+            attempt = _Attempt(program, slots, ps, host, base_env, restarts)
+            outcome = None
+            while outcome is None:
+                if received:
+                    _stop(attempt.procs, None, grace_s=max(grace_s, 10.0))  # on_signal forwarded it.
+                    _say(f"received {signal.Signals(received[0]).name}; stopped all processes")
+                    return 128 + received[0]
+                if restart and attempt.resumed_step is not None:
+                    _say(restart.line(attempt))
+                    restart = None
+                outcome = attempt.poll()
+                if outcome is None:
+                    time.sleep(0.05)
+            kind, p, code = outcome
+            seen_at = time.monotonic()
+            if kind == "ok":
+                _stop([q for q in attempt.procs if q.is_server], signal.SIGTERM, grace_s)
+                for q in attempt.procs:
+                    q.reader.join(timeout=2.0)
+                if restart:
+                    _say(restart.line(attempt, "finished"))
                 return 0
-            time.sleep(0.05)
+            # A stopped (SIGSTOPped) process is what failed: the others noticed its missing heartbeats.
+            hung = [q for q in attempt.procs if q is not p and q.popen.poll() is None and q.is_stopped()]
+            _stop(attempt.procs, signal.SIGTERM, grace_s)
+            attempt.remove_tmpdir()
+            if restart:  # the restarted cluster failed before it reported its resume.
+                _say(restart.line(attempt, "failed"))
+            what = f"{p.name} (pid {p.popen.pid}) {_describe(code)}"
+            if hung:
+                what = f"{hung[0].name} (pid {hung[0].popen.pid}) hung (stopped) and {what}"
+                p = hung[0]
+            if code == 2 or restarts >= max_restarts:
+                tail = "" if code == 2 or not max_restarts else f"; no restarts left (--max_restarts={max_restarts})"
+                _say(f"{what}; stopped the others{tail}")
+                return 2 if code == 2 else 1
+            change = ""
+            if (p.slot >= 0 and p.slot == last_failed_slot and attempt.resumed_step is None
+                    and len(slots) > min_workers):
+                slots = [s for s in slots if s != p.slot]
+                change = (f"; worker slot {p.slot} failed again before the cluster resumed, so it cannot be "
+                          f"restarted: continuing on {len(slots)} of {workers} workers (--min_workers="
+                          f"{min_workers}; the global batch is unchanged, each worker's share grows)")
+            last_failed_slot = p.slot
+            restarts += 1
+            restart = _Restart(restarts, max_restarts, what, change, seen_at)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for p in procs:  # never leave orphans, whatever happened above.
-            if p.popen.poll() is None:
-                p.signal(signal.SIGKILL)
+        for q in (attempt.procs if attempt else []):  # never leave orphans, whatever happened above.
+            if q.popen.poll() is None:
+                q.signal(signal.SIGKILL)
+        if attempt:
+            attempt.remove_tmpdir()
 
 
 # -- server mode (ps-mode workers and parameter servers) ---------------------------------
@@ -207,7 +361,8 @@ def _parse(argv: Sequence[str]):
         argv, command = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(
         prog=f"python -m {_PROG}",
-        usage=f"python -m {_PROG} --workers=N [--ps=M] [--host=127.0.0.1] -- <program> [args]",
+        usage=f"python -m {_PROG} --workers=N [--ps=M] [--max_restarts=R [--min_workers=K]] [--host=127.0.0.1] "
+              "-- <program> [args]",
         description="Starts a local TensorFlow cluster (TF_CONFIG per process) and runs a program on it.")
     parser.add_argument("--workers", type=int, default=1, help="worker tasks (default 1)")
     parser.add_argument("--ps", type=int, default=0,
@@ -217,6 +372,18 @@ def _parse(argv: Sequence[str]):
                         help=f"coordination-service heartbeat timeout, exported as ${HEARTBEAT_ENV}")
     parser.add_argument("--grace_s", type=float, default=3.0,
                         help="seconds between SIGTERM and SIGKILL when stopping processes")
+    parser.add_argument("--max_restarts", type=int, default=0,
+                        help="start the cluster again after this many failures (not exit status 2; default 0)")
+    parser.add_argument("--min_workers", type=int, default=None,
+                        help="continue without a worker that cannot be restarted, down to this many "
+                             "(default --workers: never)")
+    parser.add_argument("--emit", choices=("slurm",),
+                        help="print a Slurm batch script for this run (one task per worker) instead of running it")
+    parser.add_argument("--slurm_option", action="append", default=[], metavar="OPT",
+                        help="extra #SBATCH option for --emit=slurm, e.g. --slurm_option=--partition=gpu")
+    parser.add_argument("--signal_grace_s", type=int, default=None,
+                        help="--emit=slurm: seconds before the time limit when Slurm warns the run with "
+                             "SIGTERM (it checkpoints, exits and is requeued; default 120)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.serve:
@@ -224,6 +391,15 @@ def _parse(argv: Sequence[str]):
             parser.error("no program given: put it after `--`, e.g. `-- main.py --gin_file=F`")
         if args.workers < 1 or args.ps < 0:
             parser.error(f"--workers={args.workers} must be >= 1 and --ps={args.ps} >= 0")
+        if args.max_restarts < 0:
+            parser.error(f"--max_restarts={args.max_restarts} must be >= 0")
+        if args.min_workers is not None:
+            if not 1 <= args.min_workers <= args.workers:
+                parser.error(f"--min_workers={args.min_workers} must be between 1 and --workers={args.workers}")
+            if args.max_restarts < 1 and args.min_workers < args.workers:
+                parser.error("--min_workers takes effect on a restart: give --max_restarts >= 1 too")
+        if args.emit and args.ps:
+            parser.error("--emit=slurm runs multi_worker tasks (one per worker); --ps must be 0")
     return args, command
 
 
@@ -233,7 +409,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from expframe.replicator.cluster import serve  # pylint: disable=import-outside-toplevel
         serve()
         return 0
-    return launch(command, args.workers, args.ps, args.host, args.heartbeat_timeout_s, args.grace_s)
+    if args.emit == "slurm":
+        from expframe import slurm_requeue  # pylint: disable=import-outside-toplevel
+        grace = slurm_requeue.DEFAULT_GRACE_S if args.signal_grace_s is None else args.signal_grace_s
+        print(slurm_requeue.single_run_script(command, args.workers, args.slurm_option, grace), end="")
+        return 0
+    return launch(command, args.workers, args.ps, args.host, args.heartbeat_timeout_s, args.grace_s,
+                  args.max_restarts, args.min_workers)
 
 
 if __name__ == "__main__":

@@ -193,3 +193,125 @@ def test_heartbeat_constants_match_the_replicator():
     from expframe.replicator import cluster
     assert (launch.HEARTBEAT_ENV, launch.DEFAULT_HEARTBEAT_TIMEOUT_S) == (
         cluster.HEARTBEAT_ENV, cluster.DEFAULT_HEARTBEAT_TIMEOUT_S)
+
+
+# -- restarts (--max_restarts) and fewer workers (--min_workers) ------------------------
+
+# Reports its slot, restart count and cluster, then acts as the chief of a resumed run
+# (main.py's lines) and behaves as argv[1] says for the worker in slot 1.
+_RESTART_PROGRAM = textwrap.dedent("""
+    import json, os, signal, sys, time
+    config = json.loads(os.environ["TF_CONFIG"])
+    slot, restarts = int(os.environ["EXPFRAME_LAUNCH_SLOT"]), int(os.environ["EXPFRAME_LAUNCH_RESTARTS"])
+    print("START " + json.dumps({"slot": slot, "restarts": restarts, "index": config["task"]["index"],
+                                 "workers": len(config["cluster"]["worker"]), "pid": os.getpid()}), flush=True)
+    mode = sys.argv[1]
+    if slot == 1 and mode == "config":
+        sys.exit(2)
+    if slot == 1 and (mode == "always" or (restarts == 0 and mode == "once")):
+        time.sleep(0.3)
+        sys.exit(3)
+    if slot == 1 and mode == "gone":  # killed once, then fails at once: its machine is gone
+        if restarts:
+            sys.exit(1)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if config["task"]["index"] == 0:
+        time.sleep(1.0)  # a chief restores after the others started
+        if restarts:
+            print("expframe: data position carried over: 7 global batches, 112 examples consumed; the input "
+                  "restarts at global example 112", flush=True)
+            print("resuming from step 7 (ckpt; restored in 0.01 s)", flush=True)
+        print("model_dir d: target 'multi_worker', 2 replica(s), global batch 16, 9 steps", flush=True)
+    time.sleep(1.0 if mode != "gone" or restarts < 2 else 0.2)
+""")
+
+
+def _starts(stdout):
+    return [json.loads(line.split("START ", 1)[1]) for line in stdout.splitlines() if "] START " in line]
+
+
+def _launcher_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("expframe.launch:")]
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_worker_is_restarted_and_the_line_says_where_it_resumed(tmp_path):
+    prog = _write(tmp_path, _RESTART_PROGRAM)
+    proc, _ = _launch(_FAST, ["--workers=2", "--max_restarts=2", "--grace_s=1", "--", prog, "once"], timeout=80)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    starts = _starts(proc.stdout)
+    assert sorted((s["restarts"], s["slot"], s["index"], s["workers"]) for s in starts) == [
+        (0, 0, 0, 2), (0, 1, 1, 2), (1, 0, 0, 2), (1, 1, 1, 2)]
+    failed = next(s["pid"] for s in starts if s["restarts"] == 0 and s["slot"] == 1)
+    lines = _launcher_lines(proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(rf"expframe.launch: restart 1/2: worker 1 \(pid {failed}\) exited with status 3; "
+                        r"resumed from step 7; data position carried over: 7 global batches, 112 examples "
+                        r"consumed, \d+\.\d\d s after the failure; 1 restart\(s\) left", lines[0]), lines[0]
+
+
+@pytest.mark.timeout(90)
+def test_after_max_restarts_the_launcher_exits_1(tmp_path):
+    prog = _write(tmp_path, _RESTART_PROGRAM)
+    proc, _ = _launch(_FAST, ["--workers=2", "--max_restarts=2", "--grace_s=1", "--", prog, "always"], timeout=80)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert sorted({s["restarts"] for s in _starts(proc.stdout)}) == [0, 1, 2]
+    lines = _launcher_lines(proc.stderr)
+    assert len(lines) == 3, proc.stderr
+    for k in (1, 2):  # each restarted cluster failed again, before its chief resumed
+        assert re.fullmatch(rf"expframe.launch: restart {k}/2: worker 1 \(pid \d+\) exited with status 3; "
+                            r"the restarted cluster failed without reporting where it resumed; "
+                            rf"{2 - k} restart\(s\) left", lines[k - 1]), lines[k - 1]
+    assert re.fullmatch(r"expframe.launch: worker 1 \(pid \d+\) exited with status 3; stopped the others; "
+                        r"no restarts left \(--max_restarts=2\)", lines[2]), lines[2]
+
+
+@pytest.mark.timeout(60)
+def test_a_configuration_error_is_never_restarted(tmp_path):
+    prog = _write(tmp_path, _RESTART_PROGRAM)
+    proc, _ = _launch(_FAST, ["--workers=2", "--max_restarts=3", "--grace_s=1", "--", prog, "config"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert {s["restarts"] for s in _starts(proc.stdout)} == {0}
+    assert [re.sub(r"pid \d+", "pid N", line) for line in _launcher_lines(proc.stderr)] == [
+        "expframe.launch: worker 1 (pid N) exited with status 2; stopped the others"]
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_that_cannot_be_restarted_is_dropped_down_to_min_workers(tmp_path):
+    prog = _write(tmp_path, _RESTART_PROGRAM)
+    proc, _ = _launch(_FAST, ["--workers=3", "--max_restarts=3", "--min_workers=2", "--grace_s=1", "--", prog,
+                              "gone"], timeout=80)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    final = sorted((s["slot"], s["index"], s["workers"]) for s in _starts(proc.stdout) if s["restarts"] == 2)
+    assert final == [(0, 0, 2), (2, 1, 2)]  # slot 2 is now worker 1 of 2
+    lines = [re.sub(r"pid \d+", "pid N", re.sub(r"\d+\.\d\d s after", "T s after", line))
+             for line in _launcher_lines(proc.stderr)]
+    assert lines == [
+        "expframe.launch: restart 1/3: worker 1 (pid N) died with signal SIGKILL; the restarted cluster failed "
+        "without reporting where it resumed; 2 restart(s) left",
+        "expframe.launch: restart 2/3: worker 1 (pid N) exited with status 1; worker slot 1 failed again before "
+        "the cluster resumed, so it cannot be restarted: continuing on 2 of 3 workers (--min_workers=2; the global "
+        "batch is unchanged, each worker's share grows); resumed from step 7; data position carried over: 7 global "
+        "batches, 112 examples consumed, T s after the failure; 1 restart(s) left"], proc.stderr
+
+
+@pytest.mark.timeout(90)
+def test_without_min_workers_a_worker_that_cannot_be_restarted_ends_the_run(tmp_path):
+    prog = _write(tmp_path, _RESTART_PROGRAM)
+    proc, _ = _launch(_FAST, ["--workers=2", "--max_restarts=2", "--grace_s=1", "--", prog, "gone"], timeout=80)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert all(s["workers"] == 2 for s in _starts(proc.stdout))
+    assert _launcher_lines(proc.stderr)[-1].endswith("exited with status 1; stopped the others; "
+                                                     "no restarts left (--max_restarts=2)"), proc.stderr
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("args, message", [
+    (["--workers=2", "--min_workers=3", "--max_restarts=1"], "--min_workers=3 must be between 1 and --workers=2"),
+    (["--workers=2", "--min_workers=1"], "--min_workers takes effect on a restart: give --max_restarts >= 1 too"),
+    (["--workers=2", "--max_restarts=-1"], "--max_restarts=-1 must be >= 0"),
+])
+def test_restart_flags_are_checked(args, message):
+    proc, _ = _launch(_FAST, args + ["--", "prog.py"])
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr

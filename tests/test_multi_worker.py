@@ -2,8 +2,8 @@
 
 Issue 5's acceptance: a 2-worker MultiWorkerMirroredStrategy run gives the same
 losses as 2 local replicas, each example of an epoch is read by exactly one worker,
-parameter_server trains, SIGTERM checkpoints and resumes, a dead or hung worker
-fails the run within seconds, and a bad TF_CONFIG is a configuration error.
+parameter_server trains, SIGTERM checkpoints and resumes, a dead worker fails the
+run within seconds (a hung one: tests/test_recovery.py), and a bad TF_CONFIG is a configuration error.
 
 Every test starts processes that import TensorFlow (seconds each on a small CPU),
 so programs other than main.py are small scripts written into tmp_path.
@@ -67,8 +67,8 @@ _LOOP_PROGRAM = textwrap.dedent('''
 class Cluster:
     """`python -m expframe.launch` in the background: its lines, its children's pids, cleanup."""
 
-    def __init__(self, launcher_args, program, data_dir, tmpdir=None):
-        env = mr.env(data_dir)
+    def __init__(self, launcher_args, program, data_dir, tmpdir=None, env=None):
+        env = dict(mr.env(data_dir), **(env or {}))
         if tmpdir is not None:  # where non-chief workers make their private dirs
             env["TMPDIR"] = str(tmpdir)
         self.proc = subprocess.Popen(LAUNCH + list(launcher_args) + ["--"] + list(program), cwd=mr.ROOT,
@@ -411,7 +411,9 @@ def test_sigterm_to_the_chief_checkpoints_and_the_rerun_resumes(data_dir, tmp_pa
 
 
 def _start_and_signal_worker_1(tmp_path, data_dir, clusters, sig):
-    """2 workers all-reducing in a loop; `sig` to worker 1. Returns (cluster, victim pid, when)."""
+    """2 workers all-reducing in a loop; `sig` to worker 1. Returns (cluster, victim pid, when).
+
+    (A SIGSTOPped worker under main.py: tests/test_recovery.py.)"""
     prog = _write(tmp_path, "loop.py", _LOOP_PROGRAM)
     cluster = clusters(["--workers=2", "--heartbeat_timeout_s=5", "--grace_s=1"], [prog, "300"], data_dir)
     m = cluster.read_until(r"\[worker 1\] STEP 3 pid (\d+)", timeout=200)
@@ -433,25 +435,6 @@ def test_a_killed_worker_fails_the_run_within_10s(data_dir, tmp_path, clusters):
     assert re.search(rf"expframe.launch: worker 1 \(pid {victim}\) died with signal SIGKILL; stopped the others",
                      out), out[-4000:]
     assert elapsed < 10, f"{elapsed:.1f} s"
-
-
-@pytest.mark.timeout(300)
-def test_a_hung_worker_fails_the_others_within_10s(data_dir, tmp_path, clusters):
-    # The launcher cannot see a stopped process fail: worker 0 must notice by the
-    # coordination service's heartbeats (timeout 5 s) and abort its collective.
-    cluster, victim, stopped = _start_and_signal_worker_1(tmp_path, data_dir, clusters, signal.SIGSTOP)
-    cluster.read_until(r"\[worker 0\] .*(UnavailableError|unhealthy|stopped sending heartbeats)", timeout=30)
-    detected = time.monotonic() - stopped
-    status, out = cluster.wait(timeout=60)
-    exited = time.monotonic() - stopped
-    print(f"worker 1 SIGSTOP -> worker 0 fails: {detected:.2f} s, launcher exit: {exited:.2f} s")
-    assert detected < 10, f"{detected:.1f} s"
-    assert status == 1, out[-4000:]
-    assert re.search(r"expframe.launch: worker 0 \(pid \d+\) exited with status 1; stopped the others",
-                     out), out[-4000:]
-    assert exited < 30, f"{exited:.1f} s"
-    with pytest.raises(ProcessLookupError):  # the launcher killed the stopped worker too.
-        os.kill(victim, 0)
 
 
 # -- configuration ------------------------------------------------------------------------

@@ -17,6 +17,8 @@ binding changed since it ran) exits 2 with a line saying what to do; written wit
 `move_stale=True` (`--move_stale`), the script moves it aside to
 `<root>/stale/<time>/<name>` (deleting nothing) and starts it afresh. Slurm writes
 each index's output to `<root>/logs/slurm-<job>_<k>.out`.
+An index that Slurm warns of its time limit (`--signal=B:TERM@120`) checkpoints and
+requeues itself, and resumes when it runs again (expframe/slurm_requeue.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import shlex
 import sys
 from typing import Mapping, Optional, Sequence
 
-from expframe import gin_paths
+from expframe import gin_paths, slurm_requeue
 from expframe.sweep import runner
 from expframe.sweep.spec import Study
 
@@ -35,7 +37,7 @@ SCRIPT = "study.sbatch"
 
 def script(study: Study, root: str, config_texts: Mapping[str, str], mode: str = "train_and_eval",
            options: Sequence[str] = (), max_running: Optional[int] = None, main_py: Optional[str] = runner.MAIN_PY,
-           move_stale: bool = False) -> str:
+           move_stale: bool = False, grace_s: int = slurm_requeue.DEFAULT_GRACE_S) -> str:
     """The text of the array job script.
 
     Args:
@@ -47,6 +49,8 @@ def script(study: Study, root: str, config_texts: Mapping[str, str], mode: str =
       max_running: at most this many array tasks at once (`--array=0-N%K`).
       main_py: path of main.py.
       move_stale: move a stale run aside and start it afresh (else exit 2 for it).
+      grace_s: seconds before the time limit when Slurm warns a run (`--signal=B:TERM@grace_s`):
+        it checkpoints and exits, and its array task is requeued (expframe/slurm_requeue.py).
 
     Returns:
       A bash script for `sbatch`.
@@ -62,7 +66,7 @@ def script(study: Study, root: str, config_texts: Mapping[str, str], mode: str =
         f"#SBATCH --job-name={study.name}",
         f"#SBATCH --array=0-{last}{throttle}",
         f"#SBATCH --output={os.path.join(os.path.abspath(root), runner.LOGS, 'slurm-%A_%a.out')}",
-    ]
+    ] + slurm_requeue.sbatch_lines(grace_s)
     lines += [f"#SBATCH {option}" for option in options]
     lines += [
         "set -euo pipefail",
@@ -110,8 +114,7 @@ def script(study: Study, root: str, config_texts: Mapping[str, str], mode: str =
         "  fi",
         "fi",
         'echo "$NAME: $PYTHON ${ARGS[*]}"',
-        'exec "$PYTHON" "${ARGS[@]}"',
-    ]
+    ] + slurm_requeue.run_and_requeue('"$PYTHON" "${ARGS[@]}"')
     return "\n".join(lines) + "\n"
 
 
