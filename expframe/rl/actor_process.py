@@ -104,7 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from expframe import config  # pylint: disable=import-outside-toplevel
     from expframe.rl.actors import PolicyExecutor, SynchronousActor  # pylint: disable=import-outside-toplevel
-    from expframe.rl.adders import NStepAdder  # pylint: disable=import-outside-toplevel
+    from expframe.rl.experience import actor_buffer, observation_spec  # pylint: disable=import-outside-toplevel
     from expframe.rl.rpc import ActorClient  # pylint: disable=import-outside-toplevel
     from expframe.tasks.d4pg import D4PGTask  # pylint: disable=import-outside-toplevel
 
@@ -116,10 +116,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     task = D4PGTask()
     env_seed, noise_seed = np.random.SeedSequence([args.seed, args.actor_id]).generate_state(2)
     environment = task._environment_fn(seed=int(env_seed))  # pylint: disable=protected-access
-    obs, act = environment.observation_size, environment.action_size
-    policy = task._policy_fn(observation_size=obs, action_size=act)  # pylint: disable=protected-access
-    buffer = TransitionBuffer()
-    actor = SynchronousActor(environment, PolicyExecutor(policy, obs), NStepAdder(buffer, task.n_step, task.discount),
+    # Transitions (state features) or steps with frames (pixels): expframe/rl/experience.py.
+    buffer, adder = actor_buffer(environment, task.n_step, task.discount)
+    executor = PolicyExecutor(task.make_acting_policy(environment), observation_spec(environment)[0])
+    actor = SynchronousActor(environment, executor, adder,
                              sigma=args.sigma, seed=int(noise_seed))
     runner, parent, code = None, os.getppid(), 0
     try:

@@ -73,12 +73,15 @@ class PolicyExecutor:
     branches, or a mixed-precision policy).
     """
 
-    def __init__(self, policy: keras.Model, observation_size: int):
+    def __init__(self, policy: keras.Model, observation_size):
         self.policy = policy
+        # A size (state features, float32) or a shape (pixels: the policy's input dtype, uint8).
+        shape = (observation_size,) if isinstance(observation_size, int) else tuple(observation_size)
+        self._dtype = tf.as_dtype(policy.inputs[0].dtype) if len(shape) > 1 else tf.float32
         self._act = tf.function(lambda o: policy(o, training=False),
-                                input_signature=[tf.TensorSpec([1, observation_size], tf.float32)])
-        self._chain = _chain(policy)
-        if self._chain is not None and not self._numpy_matches_keras(observation_size):
+                                input_signature=[tf.TensorSpec((1,) + shape, self._dtype)])
+        self._chain = _chain(policy) if len(shape) == 1 else None
+        if self._chain is not None and not self._numpy_matches_keras(shape[0]):
             self._chain = None
         self._numpy = None
         self.update(policy.get_weights())
@@ -107,7 +110,7 @@ class PolicyExecutor:
 
     def __call__(self, observation: np.ndarray) -> np.ndarray:
         """The action for one observation (float32 [action_size])."""
-        x = np.asarray(observation, np.float32)[None]
+        x = np.asarray(observation, self._dtype.as_numpy_dtype)[None]
         if self._numpy is None:
             return self._act(x).numpy()[0]
         for fn in self._numpy:

@@ -28,18 +28,22 @@ from expframe.errors import ConfigError
 
 def _suite():
     """dm_control's suite, imported on first use (1 s): runs that never act never pay it."""
-    # State observations need no renderer; without this dm_control tries to start GLFW
-    # on import, which warns on a machine without a display. dm_control reads the
-    # variable on import only; it is not left set, so that processes started later
-    # (actors rendering pixels) choose their own backend (`expframe/rl/rendering.py`).
-    if "MUJOCO_GL" in os.environ or "dm_control.suite" in sys.modules:
-        from dm_control import suite  # pylint: disable=import-outside-toplevel
-        return suite
-    os.environ["MUJOCO_GL"] = "disable"
-    try:
-        from dm_control import suite  # pylint: disable=import-outside-toplevel
-    finally:
-        os.environ.pop("MUJOCO_GL", None)
+    # State observations need no renderer. dm_control picks its OpenGL backend from
+    # MUJOCO_GL when first imported: without one it tries GLFW (warnings on a machine
+    # without a display), and a software renderer cannot live beside TensorFlow in one
+    # process at all (`expframe/rl/rendering.py`), so import it with rendering off and
+    # leave MUJOCO_GL as it was (the render worker imports dm_control first, its own way).
+    if "dm_control.suite" not in sys.modules:
+        previous = os.environ.get("MUJOCO_GL")
+        os.environ["MUJOCO_GL"] = "disable"
+        try:
+            import dm_control.suite  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+        finally:
+            if previous is None:
+                os.environ.pop("MUJOCO_GL", None)
+            else:
+                os.environ["MUJOCO_GL"] = previous
+    from dm_control import suite  # pylint: disable=import-outside-toplevel
     return suite
 
 

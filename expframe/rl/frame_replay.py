@@ -28,6 +28,13 @@ overwritten first), and a transition completing after one of its frames was
 overwritten is never added. Memory per transition is one frame plus ~70 bytes (and one
 extra frame per episode, its last observation), against 2k frames written out whole.
 
+With `random_shift = p` (gin: `FrameReplay.random_shift = 4`), sampled observations and
+next observations are shifted by DrQ's random-shift augmentation (Kostrikov et al. 2020,
+arXiv 2004.13649; github.com/denisyarats/drq replay_buffer.py): each stack is padded by p
+pixels repeating its edges and cropped back at a uniformly random offset, drawn per
+stack, the same for all k frames of one stack. The shifts come from the sampler's random
+state, so they are reproducible and resume exactly.
+
 Priorities are as in `PrioritizedReplay` (proportional, a sum tree, new transitions at
 the largest priority seen, importance weights (N P(i))^-beta / max); N counts the
 transitions that can be sampled.
@@ -43,8 +50,10 @@ import collections
 import json
 from typing import Dict, Hashable, Optional, Sequence
 
+import gin
 import numpy as np
 
+from expframe.errors import ConfigError
 from expframe.rl.sum_tree import SumTree
 
 # One step of an actor's stream, as actor processes send them (`StepBuffer`).
@@ -59,6 +68,18 @@ class _Stream:
         self.window = collections.deque()    # (frame id, reward, environment discount) per pending step
 
 
+def random_shift(stacks: np.ndarray, pad: int, rng: np.random.Generator) -> np.ndarray:
+    """DrQ's augmentation: pad each [H, W, C] image by `pad` (edge pixels repeated), crop back
+    at a random offset in [0, 2 pad] per image."""
+    count, height, width = stacks.shape[:3]
+    padded = np.pad(stacks, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="edge")
+    offsets = rng.integers(0, 2 * pad + 1, size=(count, 2))
+    rows = offsets[:, :1] + np.arange(height)[None]        # [count, H]
+    cols = offsets[:, 1:] + np.arange(width)[None]         # [count, W]
+    return padded[np.arange(count)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+@gin.configurable(allowlist=["random_shift"])
 class FrameReplay:
     """A bounded, prioritised replay of stacked-frame n-step transitions (module docstring).
 
@@ -72,14 +93,19 @@ class FrameReplay:
       priority_exponent: alpha; 0 samples uniformly.
       epsilon: added to |delta| so that no priority is zero.
       seed: the sampler's random state.
+      random_shift: pixels of DrQ's random-shift augmentation of sampled stacks (0: off).
     """
 
     def __init__(self, capacity: int, frame_shape: Sequence[int], action_size: int, frame_stack: int, n_step: int,
-                 discount: float, priority_exponent: float = 0.6, epsilon: float = 1e-6, seed: int = 0):
+                 discount: float, priority_exponent: float = 0.6, epsilon: float = 1e-6, seed: int = 0,
+                 random_shift: int = 0):
         if not isinstance(capacity, int) or capacity < frame_stack + n_step + 1:
             raise ValueError(f"frame replay capacity must be an integer > frame_stack + n_step, got {capacity!r}.")
         if priority_exponent < 0:
             raise ValueError(f"priority_exponent must be >= 0, got {priority_exponent!r}.")
+        if isinstance(random_shift, bool) or not isinstance(random_shift, int) or random_shift < 0:
+            raise ConfigError(f"FrameReplay.random_shift={random_shift!r} must be an integer >= 0 (pixels).")
+        self.random_shift = random_shift
         self.capacity, self.frame_shape = capacity, tuple(frame_shape)
         self.frame_stack, self.n_step, self.discount = int(frame_stack), int(n_step), float(discount)
         self.alpha, self.epsilon = float(priority_exponent), float(epsilon)
@@ -231,9 +257,13 @@ class FrameReplay:
         rows = self._tree.sample(batch_size, self._rng)
         probabilities = self._tree.get(rows) / self._tree.total
         weights = (self._size * probabilities) ** -float(beta)
-        return {"observation": self.stacks(self._ids[rows]), "action": self._action[rows].copy(),
+        observation, next_observation = self.stacks(self._ids[rows]), self.stacks(self._next[rows])
+        if self.random_shift:
+            observation = random_shift(observation, self.random_shift, self._rng)
+            next_observation = random_shift(next_observation, self.random_shift, self._rng)
+        return {"observation": observation, "action": self._action[rows].copy(),
                 "reward": self._reward[rows].copy(), "discount": self._discount[rows].copy(),
-                "next_observation": self.stacks(self._next[rows]), "index": rows, "item": self._ids[rows].copy(),
+                "next_observation": next_observation, "index": rows, "item": self._ids[rows].copy(),
                 "weight": (weights / weights.max()).astype(np.float32)}
 
     def update_priorities(self, rows: np.ndarray, items: np.ndarray, td_errors: np.ndarray) -> int:

@@ -12,8 +12,10 @@ github.com/denisyarats/drq utils.py). `frame` is the newest frame alone, which i
 the frame replay (`expframe/rl/frame_replay.py`) stores. Frames are uint8; networks
 scale them to [0, 1].
 
-Rendering is headless (EGL, else OSMesa: `expframe/rl/rendering.py`); a machine where
-no backend works gets a one-line ConfigError saying what to install or set.
+The task itself (physics and rendering) lives in a render worker process, because
+software OpenGL and TensorFlow cannot share a process (`expframe/rl/rendering.py`, which
+also picks the headless backend: EGL, else OSMesa, else a one-line ConfigError saying
+what to install or set). Call `close()` (or let the process exit) to stop the worker.
 """
 
 import collections
@@ -22,17 +24,16 @@ from typing import Tuple
 import numpy as np
 
 from expframe.errors import ConfigError
-from expframe.rl.environments import ControlSuiteEnvironment
-from expframe.rl.rendering import ensure_renderer
+from expframe.rl.rendering import start_worker
 
 
-def _positive_int(binding: str, value, minimum: int = 1) -> int:
+def _integer(binding: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"control_suite.{binding}={value!r} must be an integer >= {minimum}.")
     return value
 
 
-class PixelControlSuiteEnvironment(ControlSuiteEnvironment):
+class PixelControlSuiteEnvironment:
     """A Control Suite task whose observations are stacks of rendered RGB frames.
 
     Args:
@@ -46,28 +47,23 @@ class PixelControlSuiteEnvironment(ControlSuiteEnvironment):
 
     def __init__(self, name: str, action_repeat: int = 1, seed: int = 0, size: int = 64, camera: int = 0,
                  frame_stack: int = 3):
-        self.size = _positive_int("size", size, minimum=8)
-        self.camera = _positive_int("camera", camera, minimum=0)
-        self.frame_stack = _positive_int("frame_stack", frame_stack)
-        self.backend = ensure_renderer()
-        super().__init__(name, action_repeat, seed)
-        cameras = self._env.physics.model.ncam
-        if self.camera >= cameras:
-            raise ConfigError(f"control_suite.camera={camera!r}: {self.name} has {cameras} camera(s), "
-                              f"ids 0 to {cameras - 1}.")
+        self.size = _integer("size", size, minimum=8)
+        self.frame_stack = _integer("frame_stack", frame_stack, minimum=1)
+        _integer("action_repeat", action_repeat, minimum=1)
+        self._worker = start_worker(name=name, action_repeat=action_repeat, seed=int(seed), size=self.size,
+                                    camera=_integer("camera", camera, minimum=0))
+        self.name, self.action_size = self._worker.info["name"], self._worker.info["action_size"]
+        self.backend, self.action_repeat, self.camera = self._worker.info["backend"], action_repeat, camera
         self.frame_shape: Tuple[int, int, int] = (self.size, self.size, 3)
         self.observation_shape = (self.size, self.size, 3 * self.frame_stack)
         self.observation_dtype = np.uint8
         self.observation_size = int(np.prod(self.observation_shape))
         self._frames = collections.deque(maxlen=self.frame_stack)
-
-    def render(self) -> np.ndarray:
-        """The current frame, uint8 [size, size, 3]."""
-        return self._env.physics.render(self.size, self.size, camera_id=self.camera)
+        self._last = True
 
     @property
     def frame(self) -> np.ndarray:
-        """The newest frame of the current observation."""
+        """The newest frame of the current observation, uint8 [size, size, 3]."""
         return self._frames[-1]
 
     def _stack(self) -> np.ndarray:
@@ -75,18 +71,29 @@ class PixelControlSuiteEnvironment(ControlSuiteEnvironment):
 
     def reset(self) -> np.ndarray:
         """Starts an episode; its first frame fills the stack."""
-        super().reset()
-        frame = self.render()
+        frame = self._worker.reset()
         for _ in range(self.frame_stack):
             self._frames.append(frame)
+        self._last = False
         return self._stack()
 
     def step(self, action: np.ndarray) -> Tuple[np.ndarray, float, float, bool]:
-        """Applies `action` `action_repeat` times, then renders one frame.
+        """Applies `action` (in [-1, 1]) `action_repeat` times, then renders one frame.
 
         Returns:
           (stacked frames, summed reward, product of discounts, whether the episode ended).
         """
-        _, reward, discount, last = super().step(action)
-        self._frames.append(self.render())
-        return self._stack(), reward, discount, last
+        if self._last:
+            raise RuntimeError("PixelControlSuiteEnvironment.step after the episode ended; call reset() first.")
+        frame, reward, discount, self._last = self._worker.step(np.asarray(action, np.float64).reshape(-1))
+        self._frames.append(frame)
+        return self._stack(), reward, discount, self._last
+
+    def reseed(self, seed: int) -> None:
+        """Reseeds the task's random initial states (e.g. on resume); the next reset uses it."""
+        self._worker.reseed(seed)
+        self._last = True
+
+    def close(self) -> None:
+        """Stops the render worker."""
+        self._worker.close()

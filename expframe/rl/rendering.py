@@ -1,110 +1,200 @@
-"""Headless MuJoCo rendering for pixel observations: pick a backend that works, or say what to install.
+"""Headless MuJoCo rendering in a worker process, with a backend that works or a clear error.
 
-MuJoCo renders through an OpenGL context; dm_control picks its backend from the
-`MUJOCO_GL` environment variable once, when `dm_control` is first imported. Without a
-display the choices are EGL (a GPU driver's EGL, or Mesa's software EGL) and OSMesa.
+Why a process: software OpenGL (Mesa's llvmpipe, what EGL and OSMesa use without a GPU)
+loads its own LLVM, and TensorFlow's LLVM in the same process crashes it (a segmentation
+fault at the first frame, whichever is loaded first; measured with TF 2.21 and Mesa's
+libLLVM-14). So a pixel environment's physics and rendering run in a child process that
+never imports TensorFlow (`python -m expframe.rl.rendering --fd=N`), and the learner or
+actor process drives it over a socket: an action out, a frame (uint8, 12 KB at 64x64)
+back, microseconds beside the ~20 ms of a software-rendered frame.
 
-`ensure_renderer()` makes this process render, once:
-  * `MUJOCO_GL` set to 'egl', 'osmesa' or 'glfw' by the user: that backend, nothing else;
-  * otherwise EGL, else OSMesa, each first tried in a short subprocess (a backend that
-    fails to load can leave OpenGL half-initialised in the process that tried it).
-The backend found is written into `os.environ["MUJOCO_GL"]`, so processes started
-afterwards (actor processes) inherit it and skip the search. When none renders, it
-raises `ConfigError` with one line naming what to install or set (exit 2 from main.py).
+Backend: `MUJOCO_GL` set to 'egl', 'osmesa' or 'glfw' by the user is the only one tried;
+otherwise EGL, then OSMesa, each in a fresh worker (a backend that fails to load can
+leave OpenGL half-initialised in the process that tried it). The backend that works is
+kept for this process and written into `os.environ["MUJOCO_GL"]`, so processes started
+later (actor processes) inherit it. When none renders, `ConfigError` says in one line
+what to install or set (exit 2 from main.py).
 
-State-feature environments import dm_control with `MUJOCO_GL=disable` (no OpenGL at all);
-if that happened first in this process, the backend is switched in place here: dm_control
-reads `dm_control._render.Renderer` each time a physics makes its rendering context.
+Messages (pickled, `multiprocessing.connection`): ("init", kwargs) -> ("ok", info) |
+("config_error", line) | ("render_error", line); ("reset",) -> frame;
+("step", action) -> (frame, reward, discount, last); ("reseed", seed) -> None; ("close",).
 """
 
+import argparse
 import os
+import socket
 import subprocess
 import sys
-from typing import Optional
+from multiprocessing.connection import Connection
+from typing import Any, Dict, Optional, Tuple
 
-from expframe.errors import ConfigError
+from expframe.errors import ConfigError, RunError
 
 BACKENDS = ("egl", "osmesa")
-_SETUP_HINT = ("install an OpenGL backend for headless MuJoCo rendering (Debian/Ubuntu: "
-               "`apt-get install libegl1 libgl1-mesa-dri` for EGL, or `libosmesa6` for OSMesa) "
-               "and set MUJOCO_GL=egl or MUJOCO_GL=osmesa")
-# One frame from a tiny model: enough to load the backend and draw.
-_PROBE = ("import numpy as np\n"
-          "from dm_control import mujoco\n"
-          "physics = mujoco.Physics.from_xml_string('<mujoco><worldbody><geom size=\"1\"/></worldbody></mujoco>')\n"
-          "frame = physics.render(8, 8)\n"
-          "assert frame.shape == (8, 8, 3) and frame.dtype == np.uint8\n")
+SETUP_HINT = ("install an OpenGL library for headless rendering (Debian/Ubuntu: `apt-get install libegl1 "
+              "libgl1-mesa-dri` for EGL, or `libosmesa6` for OSMesa) and set MUJOCO_GL=egl or MUJOCO_GL=osmesa")
 
 _chosen: Optional[str] = None
 
 
-def _probe_in_subprocess(backend: str, timeout_s: float = 120.0) -> Optional[str]:
-    """None if `backend` renders a frame in a fresh interpreter, else the last error line."""
-    env = dict(os.environ, MUJOCO_GL=backend)
-    env.pop("PYOPENGL_PLATFORM", None)
-    try:
-        done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return f"no frame within {timeout_s:.0f} s"
-    if done.returncode == 0:
-        return None
-    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    return lines[-1] if lines else f"exit status {done.returncode}"
+class RenderWorker:
+    """A child process that owns one Control Suite task and renders its frames.
+
+    Args:
+      backend: the value of MUJOCO_GL in the child.
+      **kwargs: `name`, `action_repeat`, `seed`, `size`, `camera` of the task.
+    """
+
+    def __init__(self, backend: str, **kwargs):
+        parent, child = socket.socketpair()
+        env = dict(os.environ, MUJOCO_GL=backend)
+        env.pop("PYOPENGL_PLATFORM", None)
+        self.process = subprocess.Popen([sys.executable, "-m", "expframe.rl.rendering", f"--fd={child.fileno()}"],
+                                        pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+        child.close()
+        self._conn = Connection(parent.detach())
+        self.status, self.info = self._call(("init", kwargs), starting=True)
+
+    def _call(self, message: Tuple, starting: bool = False):
+        try:
+            self._conn.send(message)
+            return self._conn.recv()
+        except (EOFError, OSError) as error:
+            code = self.process.wait()
+            if starting:
+                return "render_error", f"the render worker exited with status {code} ({type(error).__name__})"
+            raise RunError(f"control_suite: the render worker (pid {self.process.pid}) exited with status "
+                           f"{code}; stopping.") from error
+
+    def reset(self):
+        return self._call(("reset",))
+
+    def step(self, action):
+        return self._call(("step", action))
+
+    def reseed(self, seed: int) -> None:
+        self._call(("reseed", int(seed)))
+
+    def __del__(self):
+        # Closing our end of the socket is enough: the worker stops at end of file.
+        conn = getattr(self, "_conn", None)
+        if conn is not None and not conn.closed:
+            conn.close()
+
+    def close(self) -> None:
+        if self._conn.closed:
+            return
+        if self.process.poll() is None:
+            try:
+                self._conn.send(("close",))
+            except OSError:
+                pass
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._conn.close()
 
 
-def _activate(backend: str) -> None:
-    """Makes dm_control in this process render with `backend` and draws one frame."""
-    already = "dm_control._render" in sys.modules
-    os.environ["MUJOCO_GL"] = backend
-    from dm_control import _render, mujoco  # pylint: disable=import-outside-toplevel
-    if already and _render.BACKEND != backend:
-        # Imported earlier with another backend (state features import it as 'disable').
-        importers = {"egl": "_import_egl", "osmesa": "_import_osmesa", "glfw": "_import_glfw"}
-        importer = getattr(_render, importers[backend], None)
-        if importer is None or not hasattr(_render, "Renderer"):
-            raise ConfigError(f"MUJOCO_GL={backend}: dm_control was imported before with "
-                              f"MUJOCO_GL={_render.BACKEND} and this dm_control version cannot switch; "
-                              f"set MUJOCO_GL={backend} before starting Python.")
-        if backend == "egl":
-            os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-        _render.Renderer = importer()
-        _render.BACKEND = backend
-    physics = mujoco.Physics.from_xml_string('<mujoco><worldbody><geom size="1"/></worldbody></mujoco>')
-    physics.render(8, 8)
-
-
-def ensure_renderer() -> str:
-    """Makes MuJoCo render headless in this process (see module docstring); returns the backend.
+def start_worker(**kwargs) -> RenderWorker:
+    """A running `RenderWorker` on a backend that renders (module docstring).
 
     Raises:
-      ConfigError: no backend renders, with one line saying what to install or set.
+      ConfigError: a bad task setting (from the worker), or no backend renders.
     """
     global _chosen
-    if _chosen is not None:
-        return _chosen
     requested = os.environ.get("MUJOCO_GL", "").strip().lower()
-    if requested in BACKENDS + ("glfw",):
-        candidates, failures = [requested], {}
+    if _chosen is not None:
+        candidates = [_chosen]
+    elif requested in BACKENDS + ("glfw",):
+        candidates = [requested]
     else:
-        candidates, failures = [], {}
-        for backend in BACKENDS:
-            failure = _probe_in_subprocess(backend)
-            if failure is None:
-                candidates = [backend]
-                break
-            failures[backend] = failure
+        candidates = list(BACKENDS)
+    failures = {}
     for backend in candidates:
-        try:
-            _activate(backend)
-        except ConfigError:
-            raise
-        except Exception as error:  # pylint: disable=broad-except  # any loader or GL error means: cannot render
-            lines = str(error).strip().splitlines() or [""]
-            failures[backend] = f"{type(error).__name__}: {lines[-1]}"
-            continue
-        _chosen = backend
-        return backend
+        worker = RenderWorker(backend, **kwargs)
+        if worker.status == "ok":
+            _chosen = os.environ["MUJOCO_GL"] = backend
+            return worker
+        worker.close()
+        if worker.status == "config_error":
+            raise ConfigError(worker.info)
+        failures[backend] = worker.info
     tried = "; ".join(f"MUJOCO_GL={b}: {why}" for b, why in failures.items())
-    raise ConfigError(f"control_suite.pixels=True needs a headless renderer and none works here ({tried}): "
-                      f"{_SETUP_HINT}.")
+    unset = " (or unset MUJOCO_GL to try egl, then osmesa)" if requested in candidates else ""
+    raise ConfigError(f"control_suite.pixels=True needs headless rendering and none works here ({tried}): "
+                      f"{SETUP_HINT}{unset}.")
+
+
+# -- the worker (no TensorFlow in this process) ----------------------------------------
+
+
+def _last_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()] or [""]
+    return f"{type(error).__name__}: {lines[-1]}".rstrip(": ")
+
+
+def _open(name: str, action_repeat: int, seed: int, size: int, camera: int) -> Tuple[Any, Dict[str, Any]]:
+    """The task and its description; its first frame proves the renderer works."""
+    # dm_control picks its OpenGL backend from MUJOCO_GL when first imported: import it
+    # here, before expframe's state-feature path would import it without one.
+    from dm_control import suite  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+
+    from expframe.rl.environments import ControlSuiteEnvironment  # pylint: disable=import-outside-toplevel
+    env = ControlSuiteEnvironment(name, action_repeat, seed)
+    cameras = env._env.physics.model.ncam  # pylint: disable=protected-access
+    if not 0 <= camera < cameras:
+        raise ConfigError(f"control_suite.camera={camera!r}: {env.name} has {cameras} camera(s), "
+                          f"ids 0 to {cameras - 1}.")
+    render = lambda: env._env.physics.render(size, size, camera_id=camera)  # noqa: E731  # pylint: disable=protected-access
+    env.reset()
+    render()
+    return (env, render), {"name": env.name, "action_size": env.action_size,
+                           "backend": os.environ.get("MUJOCO_GL")}
+
+
+def serve(conn: Connection) -> None:
+    """The worker's loop: answers the messages of the module docstring until told to close."""
+    _, kwargs = conn.recv()
+    try:
+        (env, render), info = _open(**kwargs)
+    except ConfigError as error:
+        conn.send(("config_error", str(error).splitlines()[0]))
+        return
+    except Exception as error:  # pylint: disable=broad-except  # any loader or GL error: this backend cannot render
+        conn.send(("render_error", _last_line(error)))
+        return
+    conn.send(("ok", info))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:   # the parent has gone
+            return
+        if message[0] == "reset":
+            env.reset()
+            conn.send(render())
+        elif message[0] == "step":
+            _, reward, discount, last = env.step(message[1])
+            conn.send((render(), reward, discount, last))
+        elif message[0] == "reseed":
+            env.reseed(message[1])
+            conn.send(None)
+        else:
+            return
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Renders a Control Suite task for a parent process.")
+    parser.add_argument("--fd", type=int, required=True, help="the socket to the parent")
+    args = parser.parse_args(argv)
+    conn = Connection(args.fd)
+    try:
+        serve(conn)
+    finally:
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
