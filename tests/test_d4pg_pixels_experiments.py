@@ -38,7 +38,8 @@ def test_the_experiments_bind_pixels_and_the_shared_encoder(gin_file, monkeypatc
         assert gin.query_parameter("control_suite.pixels") is True
         assert gin.query_parameter("control_suite.frame_stack") == 3
         assert gin.query_parameter("D4PGTask.observation_network").selector == "drq_encoder"
-        assert gin.query_parameter("drq_encoder.num_filters") == 32
+        # DrQ's 32 filters at the paper's scale; 16 on 2 CPU cores.
+        assert gin.query_parameter("drq_encoder.num_filters") == (32 if gin_file in PAPER else 16)
         if gin_file in PAPER:
             assert gin.query_parameter("Replicator.num_replicas") == 8
             assert gin.query_parameter("Trainer.global_batch_size") % 8 == 0
