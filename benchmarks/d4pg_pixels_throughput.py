@@ -9,7 +9,8 @@ experiments/d4pg_control_pixels.gin (cartpole/swingup, 64x64 frames, 3 stacked, 
 repeat 8, the DrQ encoder and policy acting on every frame, `weights_every` 100), each with
 its render worker, sending their steps to a `LearnerService` in this process that takes
 them at once (no insert limit) and republishes weights every 0.1 s. Frames/s is the steps
-received over the window (one rendered frame per step), after every actor has sent once.
+received (one rendered frame per step) from the first take after every actor has sent
+once to the last take of the window, which lasts at least 10 inserts of every actor.
 Learner: `main.py` on the same gin file, acting in the learner's process, 1,000 frames in
 replay before learning, `Replicator.num_replicas` 1 and 2 at the gin file's global batch;
 the task's `learner_steps_per_sec` counts its host calls of train steps only (acting and
@@ -49,7 +50,7 @@ def learner_rate(replicas: int, steps: int, tmp: str) -> float:
     return rows[-1]["learner_steps_per_sec"]
 
 
-def actor_rate(num_actors: int, seconds: float, tmp: str) -> dict:
+def actor_rate(num_actors: int, seconds: float, weights_every: int, tmp: str) -> dict:
     import gin  # pylint: disable=import-outside-toplevel
 
     from expframe import config  # pylint: disable=import-outside-toplevel
@@ -69,37 +70,45 @@ def actor_rate(num_actors: int, seconds: float, tmp: str) -> dict:
     environment.close()
     stats = [os.path.join(tmp, f"actors{num_actors}_{i}.json") for i in range(num_actors)]
     procs = [subprocess.Popen([sys.executable, "-m", "expframe.rl.actor_process", f"--address={service.address}",
-                               f"--actor_id={i}", f"--seed={i}", "--sigma=0.3", "--weights_every=100",
+                               f"--actor_id={i}", f"--seed={i}", "--sigma=0.3", f"--weights_every={weights_every}",
                                f"--gin_config={gin_file}", f"--stats_file={stats[i]}"], cwd=ROOT)
              for i in range(num_actors)]
-    deadline = time.time() + 600
+    deadline = time.time() + 900
     while len(service.versions_used) < num_actors and time.time() < deadline:   # every actor is running
         time.sleep(0.2)
         service.take_inserts()
-    first, started = service.inserted, time.perf_counter()
-    while time.perf_counter() - started < seconds:
+    if len(service.versions_used) < num_actors:
+        raise SystemExit(f"only {len(service.versions_used)} of {num_actors} actors sent steps within 900 s")
+    counts = {i: 0 for i in range(num_actors)}
+    started, last, frames = time.perf_counter(), None, 0
+    while time.perf_counter() - started < seconds or min(counts.values()) < 10:
         time.sleep(0.1)
         service.publish(policy.get_weights())
-        service.take_inserts()
-    window = time.perf_counter() - started
-    frames = service.inserted - first
+        taken = service.take_inserts()
+        for actor_id, steps in taken:
+            counts[actor_id] += 1
+            frames += len(steps["reward"])
+        if taken:
+            last = time.perf_counter()
+    window = last - started
     service.close()
     for p in procs:
         p.wait(timeout=120)
     gin.clear_config()
-    return {"frames_per_sec": frames / window, "window_s": window, "frames": frames}
+    return {"frames_per_sec": frames / window, "window_s": window, "frames": frames,
+            "inserts_per_actor": counts, "weights_every": weights_every}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer learner steps, shorter acting windows")
     args = parser.parse_args()
-    steps, seconds = (30, 20.0) if args.quick else (150, 60.0)
+    steps, seconds, weights_every = (30, 20.0, 20) if args.quick else (150, 60.0, 100)
     results = {"cpu": cpu_name(), "cores": os.cpu_count(), "quick": args.quick,
                "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "actors": {}, "learner": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for k in (1, 2, 4):
-            results["actors"][k] = actor_rate(k, seconds, tmp)
+            results["actors"][k] = actor_rate(k, seconds, weights_every, tmp)
             print(f"{k} actor process(es): {results['actors'][k]['frames_per_sec']:.1f} frames/s", flush=True)
         for replicas in (1, 2):
             results["learner"][replicas] = learner_rate(replicas, steps, tmp)

@@ -22,14 +22,12 @@ _STATE = "acting/.ATTRIBUTES/py_state"
 def replay_arrays(model_dir: str) -> dict:
     """The frame replay's arrays (`FrameReplay.state()`) from the run's newest checkpoint."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    from expframe.checkpointer import checkpoints_in  # pylint: disable=import-outside-toplevel
-    found = checkpoints_in(f"{model_dir}/checkpoints")
-    if not found:
+    path = tf.train.latest_checkpoint(f"{model_dir}/checkpoints")
+    if path is None:
         raise ConfigError(f"frame_strip: {model_dir}/checkpoints holds no checkpoint.")
-    reader = tf.train.load_checkpoint(found[0][1])
+    reader = tf.train.load_checkpoint(path)
     if _STATE not in reader.get_variable_to_shape_map():
-        raise ConfigError(f"frame_strip: the checkpoint {found[0][1]} has no acting state (not a D4PG run?).")
+        raise ConfigError(f"frame_strip: the checkpoint {path} has no acting state (not a D4PG run?).")
     with np.load(io.BytesIO(reader.get_tensor(_STATE)), allow_pickle=False) as arrays:
         out = {k[len("replay/"):]: arrays[k] for k in arrays.files if k.startswith("replay/")}
     if "frames" not in out:
