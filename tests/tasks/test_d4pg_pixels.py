@@ -13,6 +13,7 @@ from tensorflow.python.framework import config as tf_config  # disable_op_determ
 import expframe as xf
 from expframe.models.d4pg import d4pg_critic, d4pg_policy
 from expframe.models.pixel_encoder import drq_encoder
+from expframe.rl import frame_strip
 from expframe.rl.environments import control_suite
 from expframe.rl.frame_replay import FrameReplay
 from expframe.tasks.d4pg import D4PGTask
@@ -116,8 +117,11 @@ class D4PGPixelsTest(TestCase):
 
         # Checkpoint: write, go on (acting, learning), read back: networks and frame replay as written.
         checkpoint = tf.train.Checkpoint(**task.trackables())
-        path = checkpoint.write(self.get_temp_dir() + "/ckpt")
+        path = checkpoint.save(self.get_temp_dir() + "/checkpoints/ckpt")   # where the trainer writes them
         saved_weights, saved_replay = learners[1].weights(), task.replay.state()
+        # frame_strip finds the frame replay in it (the PNG of frames the agent saw).
+        for key, value in frame_strip.replay_arrays(self.get_temp_dir()).items():
+            np.testing.assert_array_equal(value, saved_replay[key], err_msg=key)
         learners[1].host_call(2)
         self.assertGreater(task.replay.frames_written, len(saved_replay["ids"]))
         checkpoint.read(path).assert_consumed()
