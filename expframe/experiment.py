@@ -7,7 +7,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe import config
+from expframe import config, provenance
 from expframe.errors import ConfigError
 from expframe.replicator import Replicator
 from expframe.run_files import RunFiles
@@ -87,7 +87,7 @@ def _check_config_unchanged(model_dir: str, config_text: str, parsed_config: str
 @gin.configurable
 def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: str = "",
                    allow_config_change: bool = False, task: Task = gin.REQUIRED, seed: int = 0,
-                   deterministic: bool = False, precision: str = "float32") -> dict:
+                   deterministic: bool = False, precision: str = "float32", dry_run: bool = False) -> dict:
     """Runs one experiment as configured by gin; returns the result dict.
 
     Args:
@@ -99,6 +99,10 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
       seed: initialisation and data order.
       deterministic: op determinism (same weights on rerun and on resume).
       precision: 'float32', 'mixed_bfloat16', 'mixed_float16' or 'auto' (by target).
+      dry_run: build everything a run builds before its first step (Replicator, Trainer,
+        the task's model, optimizer and input pipelines), check a resume (the config
+        and the checkpoint's shapes, read only), then return without training or
+        writing anything into model_dir: {"dry_run": True, "step", "parsed_config", ...}.
     """
     if mode not in MODES:
         raise ConfigError(f"--mode={mode!r}: use one of {', '.join(MODES)}.")
@@ -118,6 +122,13 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     parsed_config = gin.config_str()
     if not allow_config_change:
         _check_config_unchanged(model_dir, config_text, parsed_config)
+    if dry_run:
+        step = trainer.restore(os.path.join(model_dir, "checkpoints"))  # reads only
+        if mode == "eval" and step == 0:
+            raise ConfigError(f"--mode=eval but {model_dir}/checkpoints holds no checkpoint; train first.")
+        return {"dry_run": True, "step": step, "parsed_config": parsed_config, "target": replicator.target,
+                "num_replicas": replicator.num_replicas, "global_batch_size": trainer.global_batch_size,
+                "train_steps": trainer.train_steps}
     out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
     try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
@@ -127,6 +138,8 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     except BaseException:
         out.close()  # a non-chief worker's private directory
         raise
+    started = provenance.record()
+    out.log_provenance(step, started)  # every start: commit, versions, machine, load
     if step:
         out.progress(f"resuming from step {step} ({out.checkpoint_dir})")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "
@@ -140,7 +153,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
             return summary
         result = {"step": summary["step"], "target": replicator.target, "num_replicas": replicator.num_replicas,
                   "global_batch_size": trainer.global_batch_size, "eval": summary["eval"],
-                  "wall_time_s": round(summary["wall_time_s"], 3)}
+                  "wall_time_s": round(summary["wall_time_s"], 3), "provenance": provenance.finished(started)}
         out.write_result(result)
         return result
     finally:
