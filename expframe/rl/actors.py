@@ -241,3 +241,28 @@ def episode_returns(environment, policy: PolicyExecutor, episodes: int) -> List[
             total += reward
         returns.append(total)
     return returns
+
+
+def trivial_policy_returns(make_environment: Callable[[int], object], action_size: int,
+                           episodes: int = 10) -> Dict[str, float]:
+    """Mean undiscounted returns of two trivial policies: the floor a learned one must clear.
+
+    Uniformly random actions in [-1, 1] (one generator, seed 0) and zero actions, each for
+    `episodes` episodes, episode i in a fresh `make_environment(i)`.
+
+    Returns:
+      {"random_policy_return": ..., "zero_action_return": ...}.
+    """
+    rng = np.random.default_rng(0)
+    returns: Dict[str, List[float]] = {"random_policy_return": [], "zero_action_return": []}
+    for seed in range(episodes):
+        for name, totals in returns.items():
+            environment, total, last = make_environment(seed), 0.0, False
+            environment.reset()
+            while not last:
+                action = (rng.uniform(-1.0, 1.0, action_size) if name == "random_policy_return"
+                          else np.zeros(action_size))
+                _, reward, _, last = environment.step(action)
+                total += reward
+            totals.append(total)
+    return {name: float(np.mean(totals)) for name, totals in returns.items()}

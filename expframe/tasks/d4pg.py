@@ -54,7 +54,7 @@ import tensorflow as tf
 import expframe as xf
 from expframe.models.d4pg import d4pg_critic, d4pg_policy
 from expframe.rl import experience, losses
-from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds, episode_returns
+from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds, episode_returns, trivial_policy_returns
 from expframe.rl.environments import control_suite
 from expframe.rl.learner_input import PreparedBatches
 from expframe.tasks.base import Task
@@ -407,6 +407,14 @@ class D4PGTask(ObservationNetworks, Task):
         self.actor.update(self.acting_weights())
         returns = episode_returns(self.eval_environment, self.actor.policy, self.eval_episodes)
         return {"episode_return": float(np.mean(returns))}
+
+    def baseline_metrics(self, episodes: int = 10) -> Dict[str, float]:
+        """Returns of uniformly random and of zero actions on this task's environment (for
+        pixels, the same physics without rendering): the floor a learning result must clear
+        (`expframe.reproduce.baseline`; `registry.D4PG_PIXELS`'s threshold)."""
+        unrendered = {"pixels": False} if self._environment_fn is control_suite else {}
+        return trivial_policy_returns(lambda seed: self._environment_fn(seed=seed, **unrendered),
+                                      self.environment.action_size, episodes)
 
     # -- checkpointed acting state -------------------------------------------------------
 
