@@ -47,6 +47,7 @@ def register_symbols() -> None:
     import expframe.experiment  # noqa: F401
     import expframe.metrics  # noqa: F401
     import expframe.models.d4pg  # noqa: F401
+    import expframe.models.pixel_encoder  # noqa: F401
     import expframe.models.resnet  # noqa: F401
     import expframe.models.sngan  # noqa: F401
     import expframe.models.vit  # noqa: F401

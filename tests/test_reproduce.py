@@ -32,6 +32,12 @@ def test_thresholds_absolute_and_relative_to_initialisation():
         fid.holds({"fid": 1.0})
     assert registry.get("sngan_shapes").passed({"fid": 20.0, "sample_accuracy": 0.8}, {"fid": 100.0})
     assert not registry.get("sngan_shapes").passed({"fid": 20.0, "sample_accuracy": 0.79}, {"fid": 100.0})
+    # A margin over a baseline: D4PG from pixels must beat the random policy by 200.
+    pixels, floor = registry.get("d4pg_control_pixels"), {"random_policy_return": 109.0, "episode_return": 400.0}
+    assert pixels.passed({"episode_return": 309.0}, floor) and not pixels.passed({"episode_return": 308.9}, floor)
+    assert pixels.thresholds[0].text(floor) == "episode_return >= random_policy_return + 200 = 309"
+    with pytest.raises(ValueError, match="needs the random_policy_return at initialisation"):
+        pixels.passed({"episode_return": 500.0}, {"episode_return": 400.0})
 
 
 def test_every_slow_learning_test_reads_its_experiment_and_threshold_from_the_registry():

@@ -34,7 +34,9 @@ def initial_eval(gin_files: Sequence[str], gin_params: Sequence[str] = ()) -> di
     """Parses the experiment and evaluates its task's model at initialisation.
 
     Returns:
-      The task's eval metrics (e.g. {"fid", "inception_score", "sample_accuracy"}).
+      The task's eval metrics (e.g. {"fid", "inception_score", "sample_accuracy"}), with
+      the task's `baseline_metrics()` where it has them (D4PG: "random_policy_return",
+      "zero_action_return").
     """
     import gin  # pylint: disable=import-outside-toplevel
     import keras  # pylint: disable=import-outside-toplevel
@@ -50,8 +52,10 @@ def initial_eval(gin_files: Sequence[str], gin_params: Sequence[str] = ()) -> di
         trainer = Trainer()
         task = gin.query_parameter("run_experiment.task").scoped_configurable_fn()
         trainer.prepare(replicator, task, seed, deterministic)
-        metrics = task.evaluate(trainer.evaluator)
-        return {k: float(v) for k, v in (metrics or {}).items()}
+        metrics = dict(task.evaluate(trainer.evaluator) or {})
+        if hasattr(task, "baseline_metrics"):  # e.g. D4PG: the random policy's and zero action's returns
+            metrics.update(task.baseline_metrics())
+        return {k: float(v) for k, v in metrics.items()}
     finally:
         gin.clear_config()
 

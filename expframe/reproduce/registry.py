@@ -25,32 +25,41 @@ _OPS = {">=": operator.ge, "<=": operator.le}
 
 @dataclasses.dataclass(frozen=True)
 class Threshold:
-    """`metric op value`, or `metric op value x (its value at initialisation)`.
+    """`metric op value`, `metric op value x (its value at initialisation)`, or
+    `metric op (a baseline) + value`.
 
     Attributes:
       metric: a key of the run's final eval metrics (`result.json`'s "eval").
       op: ">=" or "<=".
-      value: the bound, or its fraction of the initial value when `of_initial`.
+      value: the bound, its fraction of the initial value when `of_initial`, or the
+        margin over the baseline `over`.
       of_initial: compare against `value` x the metric of the untrained model.
+      over: compare against `value` + this key of the baseline metrics
+        (`expframe.reproduce.baseline`; e.g. "random_policy_return" of a D4PG task).
     """
 
     metric: str
     op: str
     value: float
     of_initial: bool = False
+    over: str = ""
 
     def bound(self, initial: Optional[dict] = None) -> float:
-        if not self.of_initial:
+        key = self.over or (self.metric if self.of_initial else "")
+        if not key:
             return self.value
-        if not initial or self.metric not in initial:
-            raise ValueError(f"threshold {self.text()} needs the {self.metric} at initialisation")
-        return self.value * float(initial[self.metric])
+        if not initial or key not in initial:
+            raise ValueError(f"threshold {self.text()} needs the {key} at initialisation")
+        return self.value + float(initial[key]) if self.over else self.value * float(initial[key])
 
     def holds(self, final: dict, initial: Optional[dict] = None) -> bool:
         value = final.get(self.metric)
         return isinstance(value, (int, float)) and math.isfinite(value) and _OPS[self.op](value, self.bound(initial))
 
     def text(self, initial: Optional[dict] = None) -> str:
+        if self.over:
+            where = f" = {self.bound(initial):.4g}" if initial and self.over in initial else ""
+            return f"{self.metric} {self.op} {self.over} + {self.value:g}{where}"
         if not self.of_initial:
             return f"{self.metric} {self.op} {self.value:g}"
         where = f" = {self.bound(initial):.4g}" if initial and self.metric in initial else ""
@@ -213,6 +222,20 @@ D4PG_ACTORS = Experiment(
                                "D4PGTask.weights_every = 10"),
     test="tests/test_d4pg_experiments.py", minutes=2, readme="README.md#distributed-acting-actor-processes-over-rpc")
 
+D4PG_PIXELS = Experiment(
+    name="d4pg_control_pixels",
+    title="D4PG from pixels on cartpole/swingup (64x64 frames, 1 replica, 10,000 learner steps)",
+    gin_files=("experiments/d4pg_control_pixels.gin",), metrics=("episode_return",),
+    # The random policy's return (and the zero action's) on the same task: the baseline,
+    # measured over 10 episodes by `expframe.reproduce.baseline` (D4PGTask.baseline_metrics).
+    thresholds=(Threshold("episode_return", ">=", 200.0, over="random_policy_return"),), baseline=True,
+    quick_params=tuple(p for p in _D4PG_TINY if not p.startswith(("control_suite.action_repeat",
+                                                                  "D4PGTask.min_replay_size"))) + (
+        "control_suite.size = 16", "control_suite.frame_stack = 2", "drq_encoder.num_filters = 4",
+        "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "D4PGTask.min_replay_size = 40",
+        "D4PGTask.max_replay_size = 2000", "control_suite.action_repeat = 25"),
+    test="tests/test_d4pg_pixels_experiments.py", minutes=45, readme="README.md#d4pg-from-pixels")
+
 VIT_MESH = Experiment(
     name="vit_shapes_mesh", title="ViT on a batch 2 x model 2 DTensor mesh of CPU devices, shapes",
     gin_files=("experiments/vit_shapes_mesh.gin",), metrics=("top1", "loss"),
@@ -221,7 +244,7 @@ VIT_MESH = Experiment(
                                  "Trainer.global_batch_size = 8", "Trainer.eval_steps = 1"),
     test="tests/test_vit_mesh_experiments.py", minutes=6, readme="README.md#model-parallelism-dtensor-mesh")
 
-LEARNING = (QUICKSTART, SNGAN_SHAPES, D4PG_CONTROL, D4PG_ACTORS, VIT_MESH)
+LEARNING = (QUICKSTART, SNGAN_SHAPES, D4PG_CONTROL, D4PG_ACTORS, D4PG_PIXELS, VIT_MESH)
 
 
 # -- the benchmarks (ratios measured side by side in one run) -------------------------------------

@@ -1,6 +1,11 @@
 """Reinforcement learning pieces: environments, replay, n-step adders, actors, losses.
 
   environments.py   DeepMind Control Suite tasks, flat state observations (`control_suite`)
+  pixels.py         the same tasks observed through rendered, stacked frames (`control_suite.pixels`)
+  rendering.py      headless rendering in a worker process (EGL, else OSMesa), without TensorFlow
+  frame_replay.py   prioritised replay that stores each frame once, stacks rebuilt by index
+  experience.py     transitions (state features) or frames (pixels): replay, adders, what actors send
+  frame_strip.py    `python -m expframe.rl.frame_strip`: a PNG of frames a pixel agent saw
   sum_tree.py       proportional sampling in O(log n)
   replay.py         prioritised replay with a capacity bound
   adders.py         n-step transitions from episodes

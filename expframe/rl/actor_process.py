@@ -110,7 +110,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from expframe import config  # pylint: disable=import-outside-toplevel
     from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds  # pylint: disable=import-outside-toplevel
-    from expframe.rl.adders import NStepAdder  # pylint: disable=import-outside-toplevel
+    from expframe.rl.experience import actor_buffer, observation_spec  # pylint: disable=import-outside-toplevel
     from expframe.rl.rpc import ActorClient  # pylint: disable=import-outside-toplevel
     from expframe.tasks.d4pg import D4PGTask  # pylint: disable=import-outside-toplevel
 
@@ -122,11 +122,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     task = D4PGTask()
     env_seed, noise_seed = actor_seeds(args.seed, args.actor_id, args.restart, args.resume_step)
     environment = task._environment_fn(seed=env_seed)  # pylint: disable=protected-access
-    obs, act = environment.observation_size, environment.action_size
-    policy = task._policy_fn(observation_size=obs, action_size=act)  # pylint: disable=protected-access
-    buffer = TransitionBuffer()
-    actor = SynchronousActor(environment, PolicyExecutor(policy, obs), NStepAdder(buffer, task.n_step, task.discount),
-                             sigma=args.sigma, seed=noise_seed)
+    # Transitions (state features) or steps with frames (pixels): expframe/rl/experience.py.
+    buffer, adder = actor_buffer(environment, task.n_step, task.discount)
+    executor = PolicyExecutor(task.make_acting_policy(environment), observation_spec(environment)[0])
+    actor = SynchronousActor(environment, executor, adder, sigma=args.sigma, seed=noise_seed)
     runner, parent, code = None, os.getppid(), 0
     try:
         runner = ProcessActor(ActorClient(args.address, args.actor_id), actor, buffer, args.weights_every)

@@ -78,12 +78,15 @@ class PolicyExecutor:
     branches, or a mixed-precision policy).
     """
 
-    def __init__(self, policy: keras.Model, observation_size: int):
+    def __init__(self, policy: keras.Model, observation_size):
         self.policy = policy
+        # A size (state features, float32) or a shape (pixels: the policy's input dtype, uint8).
+        shape = (observation_size,) if isinstance(observation_size, int) else tuple(observation_size)
+        self._dtype = tf.as_dtype(policy.inputs[0].dtype) if len(shape) > 1 else tf.float32
         self._act = tf.function(lambda o: policy(o, training=False),
-                                input_signature=[tf.TensorSpec([1, observation_size], tf.float32)])
-        self._chain = _chain(policy)
-        if self._chain is not None and not self._numpy_matches_keras(observation_size):
+                                input_signature=[tf.TensorSpec((1,) + shape, self._dtype)])
+        self._chain = _chain(policy) if len(shape) == 1 else None
+        if self._chain is not None and not self._numpy_matches_keras(shape[0]):
             self._chain = None
         self._numpy = None
         self.update(policy.get_weights())
@@ -112,7 +115,7 @@ class PolicyExecutor:
 
     def __call__(self, observation: np.ndarray) -> np.ndarray:
         """The action for one observation (float32 [action_size])."""
-        x = np.asarray(observation, np.float32)[None]
+        x = np.asarray(observation, self._dtype.as_numpy_dtype)[None]
         if self._numpy is None:
             return self._act(x).numpy()[0]
         for fn in self._numpy:
@@ -238,3 +241,28 @@ def episode_returns(environment, policy: PolicyExecutor, episodes: int) -> List[
             total += reward
         returns.append(total)
     return returns
+
+
+def trivial_policy_returns(make_environment: Callable[[int], object], action_size: int,
+                           episodes: int = 10) -> Dict[str, float]:
+    """Mean undiscounted returns of two trivial policies: the floor a learned one must clear.
+
+    Uniformly random actions in [-1, 1] (one generator, seed 0) and zero actions, each for
+    `episodes` episodes, episode i in a fresh `make_environment(i)`.
+
+    Returns:
+      {"random_policy_return": ..., "zero_action_return": ...}.
+    """
+    rng = np.random.default_rng(0)
+    returns: Dict[str, List[float]] = {"random_policy_return": [], "zero_action_return": []}
+    for seed in range(episodes):
+        for name, totals in returns.items():
+            environment, total, last = make_environment(seed), 0.0, False
+            environment.reset()
+            while not last:
+                action = (rng.uniform(-1.0, 1.0, action_size) if name == "random_policy_return"
+                          else np.zeros(action_size))
+                _, reward, _, last = environment.step(action)
+                total += reward
+            totals.append(total)
+    return {name: float(np.mean(totals)) for name, totals in returns.items()}

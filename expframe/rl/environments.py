@@ -4,8 +4,9 @@
     observation = env.reset()                                   # float32 [observation_size]
     observation, reward, discount, last = env.step(np.zeros(env.action_size))
 
-Observations are the suite's state features (no pixels, no rendering), concatenated
-in the order of the observation spec and cast to float32. Actions are taken in
+Observations are the suite's state features (no rendering), concatenated in the order
+of the observation spec and cast to float32; with `pixels=True`, rendered frames
+instead (`expframe/rl/pixels.py`). Actions are taken in
 [-1, 1] per dimension and rescaled to the task's own bounds, so a tanh policy fits
 every task. With `action_repeat = k` one step applies the action k times, sums the
 rewards and multiplies the discounts, stopping early at the episode's end.
@@ -16,6 +17,7 @@ task whose episode ends in a terminal state reports discount 0 there.
 """
 
 import os
+import sys
 from typing import Tuple
 
 import gin
@@ -26,9 +28,21 @@ from expframe.errors import ConfigError
 
 def _suite():
     """dm_control's suite, imported on first use (1 s): runs that never act never pay it."""
-    # State observations need no renderer; without this dm_control tries to start GLFW
-    # on import, which warns on a machine without a display.
-    os.environ.setdefault("MUJOCO_GL", "disable")
+    # State observations need no renderer. dm_control picks its OpenGL backend from
+    # MUJOCO_GL when first imported: without one it tries GLFW (warnings on a machine
+    # without a display), and a software renderer cannot live beside TensorFlow in one
+    # process at all (`expframe/rl/rendering.py`), so import it with rendering off and
+    # leave MUJOCO_GL as it was (the render worker imports dm_control first, its own way).
+    if "dm_control.suite" not in sys.modules:
+        previous = os.environ.get("MUJOCO_GL")
+        os.environ["MUJOCO_GL"] = "disable"
+        try:
+            import dm_control.suite  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+        finally:
+            if previous is None:
+                os.environ.pop("MUJOCO_GL", None)
+            else:
+                os.environ["MUJOCO_GL"] = previous
     from dm_control import suite  # pylint: disable=import-outside-toplevel
     return suite
 
@@ -70,6 +84,7 @@ class ControlSuiteEnvironment:
         self._high = np.asarray(spec.maximum, np.float64)
         self.action_size = int(np.prod(spec.shape))
         self.observation_size = int(sum(np.prod(s.shape) for s in self._env.observation_spec().values()))
+        self.observation_shape, self.observation_dtype = (self.observation_size,), np.float32
         self._last = True
 
     def reseed(self, seed: int) -> None:
@@ -108,12 +123,22 @@ class ControlSuiteEnvironment:
 
 
 @gin.configurable
-def control_suite(name: str = "cartpole/balance", action_repeat: int = 1, seed: int = 0) -> ControlSuiteEnvironment:
+def control_suite(name: str = "cartpole/balance", action_repeat: int = 1, seed: int = 0, pixels: bool = False,
+                  size: int = 64, camera: int = 0, frame_stack: int = 3) -> ControlSuiteEnvironment:
     """A Control Suite task by name (gin: `control_suite.name = 'walker/walk'`).
 
     Args:
       name: 'domain/task'; an unknown one is a ConfigError listing the valid names.
       action_repeat: control steps per environment step.
       seed: given by the caller (the task seeds its acting and eval environments apart).
+      pixels: observe rendered frames instead of state features (needs a headless
+        renderer: `expframe/rl/rendering.py`); the next three apply to pixels only.
+      size: frames are size x size RGB pixels.
+      camera: the MuJoCo camera id rendered (0 for most tasks; 2 for quadruped).
+      frame_stack: frames per observation, stacked along the channels, oldest first.
     """
+    if pixels:
+        from expframe.rl.pixels import PixelControlSuiteEnvironment  # pylint: disable=import-outside-toplevel
+        return PixelControlSuiteEnvironment(name, action_repeat, seed, size=size, camera=camera,
+                                            frame_stack=frame_stack)
     return ControlSuiteEnvironment(name, action_repeat, seed)

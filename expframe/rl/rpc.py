@@ -8,6 +8,10 @@ to Python on the learner's host (`tf.numpy_function`):
   insert(actor_id, version, observation, action, reward, discount, next_observation,
          episode_returns)      -> accepted (0 or 1)
 
+The fields an insert carries are the service's `shapes` (by default `FIELDS`, whole
+transitions of float32; pixel actors send `expframe.rl.frame_replay.STEP_FIELDS`, uint8
+frames among them, each with its dtype).
+
 `version` counts `publish` calls; an actor sends back the version it acted with, so
 the learner can check how stale acting was (`max_version_lag`). An insert is refused
 (the actor waits and retries) when it would take the pending transitions over
@@ -30,6 +34,13 @@ FIELDS = ("observation", "action", "reward", "discount", "next_observation")
 MAX_HELD_INSERTS = 8   # inserts held at once waiting for room; the CPU target has 16 inter-op threads
 
 
+def _spec(spec) -> Tuple[Tuple[int, ...], tf.DType]:
+    """A field's (shape, dtype) from a shape (float32) or a (shape, dtype) pair."""
+    if len(spec) == 2 and isinstance(spec[0], (tuple, list)):
+        return tuple(spec[0]), tf.as_dtype(spec[1])
+    return tuple(spec), tf.float32
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the OS reports free on `host` now."""
     with socket.socket() as s:
@@ -48,7 +59,8 @@ class LearnerService:
 
     Args:
       weights: the policy's initial weights (shapes and dtypes fix the RPC signature).
-      shapes: shape of one transition's field, for each name in `FIELDS`.
+      shapes: each field an insert carries, in order: name -> shape of one row (float32),
+        or name -> (shape, dtype); e.g. one for each name in `FIELDS`.
       capacity: most transitions pending (inserted, not yet taken).
       address: host:port to bind; port 0 picks a free one.
       insert_wait_s: how long an insert that does not fit waits for room before it is
@@ -87,7 +99,8 @@ class LearnerService:
                 tensor.set_shape(spec.shape)
             return tuple(out)
 
-        field_specs = [tf.TensorSpec((None,) + tuple(shapes[f]), tf.float32) for f in FIELDS]
+        self.fields = tuple(shapes)
+        field_specs = [tf.TensorSpec((None,) + shape, dtype) for shape, dtype in map(_spec, shapes.values())]
 
         @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)] + field_specs
                      + [tf.TensorSpec([None], tf.float32)])
@@ -138,7 +151,14 @@ class LearnerService:
             self._lock.notify_all()
         if not pending:
             return {}
-        return {f: np.concatenate([p[f] for p in pending]) for f in FIELDS}
+        return {f: np.concatenate([p[f] for _, p in pending]) for f in self.fields}
+
+    def take_inserts(self) -> List[Tuple[int, Dict[str, np.ndarray]]]:
+        """The pending inserts as (actor id, arrays), in the order they arrived, removed."""
+        with self._lock:
+            pending, self._pending, self._pending_count = self._pending, [], 0
+            self._lock.notify_all()
+        return pending
 
     def take_returns(self) -> List[float]:
         """Returns of the actors' episodes reported since the last call."""
@@ -164,8 +184,9 @@ class LearnerService:
         return self._pending_count + count <= self.capacity and (
             self._limit is None or self.inserted + count <= self._limit)
 
-    def _insert(self, actor_id, version, observation, action, reward, discount, next_observation, returns):
-        count = len(reward)
+    def _insert(self, actor_id, version, *arrays):
+        arrays, returns = arrays[:-1], arrays[-1]
+        count = len(arrays[0])
         deadline = time.monotonic() + self.insert_wait_s
         with self._lock:
             # Held here (not refused at once) while the learner may still let it in: the
@@ -186,8 +207,7 @@ class LearnerService:
             if self.closed or not self._fits(count):
                 self.refused += 1
                 return np.int64(-1 if self.closed else 0)
-            arrays = (observation, action, reward, discount, next_observation)
-            self._pending.append(dict(zip(FIELDS, arrays, strict=True)))
+            self._pending.append((int(actor_id), dict(zip(self.fields, arrays, strict=True))))
             self._pending_count += count
             self.inserted += count
             self.episode_returns.extend(float(r) for r in returns)
@@ -217,8 +237,9 @@ class ActorClient:
         return int(out[0]), [np.asarray(w) for w in out[1:]]
 
     def insert(self, version: int, transitions: Dict[str, np.ndarray], returns: Sequence[float]) -> int:
-        """Sends transitions; 1 accepted, 0 refused (retry later), -1 the learner has closed."""
+        """Sends transitions (the service's fields, in its order, with their dtypes);
+        1 accepted, 0 refused (retry later), -1 the learner has closed."""
         args = [tf.constant(self.actor_id, tf.int64), tf.constant(version, tf.int64)]
-        args += [tf.constant(np.asarray(transitions[f], np.float32)) for f in FIELDS]
+        args += [tf.constant(np.asarray(array)) for array in transitions.values()]
         args.append(tf.constant(np.asarray(returns, np.float32).reshape(-1)))
         return int(self._client.insert(*args).get_value())

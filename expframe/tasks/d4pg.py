@@ -53,13 +53,12 @@ import tensorflow as tf
 
 import expframe as xf
 from expframe.models.d4pg import d4pg_critic, d4pg_policy
-from expframe.rl import losses
-from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds, episode_returns
-from expframe.rl.adders import NStepAdder
+from expframe.rl import experience, losses
+from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds, episode_returns, trivial_policy_returns
 from expframe.rl.environments import control_suite
 from expframe.rl.learner_input import PreparedBatches
-from expframe.rl.replay import PrioritizedReplay
 from expframe.tasks.base import Task
+from expframe.tasks.d4pg_observations import ObservationNetworks
 
 
 def _replica_local(next_creator, **kwargs):
@@ -75,7 +74,7 @@ def _check(binding: str, ok: bool, value, what: str) -> None:
 
 
 @gin.configurable
-class D4PGTask(Task):
+class D4PGTask(ObservationNetworks, Task):
     """D4PG on an environment, acting in this process (see module docstring).
 
     Defaults are Acme's D4PG, except that replay is prioritised (as in the D4PG paper;
@@ -109,6 +108,11 @@ class D4PGTask(Task):
       actor_service_address: host:port of the learner's RPC service (port 0: free one;
         '0.0.0.0:PORT' serves actors on other hosts).
       actor_timeout_s: the longest the learner waits for the actors' transitions.
+      observation_network: None (state features go straight into the networks), or
+        `fn(observation_shape) -> keras.Model` turning observations into features (pixels:
+        `@drq_encoder`), shared as Acme's D4PG shares it: the critic's optimizer trains it,
+        the policy reads its features with gradients stopped, and the critic's target
+        reads a target copy of it; policy and critic networks then take its features.
     """
 
     checkpoint_input = False
@@ -125,7 +129,8 @@ class D4PGTask(Task):
                  importance_annealing_steps: int = 100_000, dqda_clipping: Optional[float] = 1.0,
                  eval_episodes: int = 5, num_actors: int = 0, actor_sigmas: Optional[tuple] = None,
                  weights_every: int = 100, max_actor_restarts: int = 2,
-                 actor_service_address: str = "127.0.0.1:0", actor_timeout_s: float = 120.0):
+                 actor_service_address: str = "127.0.0.1:0", actor_timeout_s: float = 120.0,
+                 observation_network: Optional[Callable[..., keras.Model]] = None):
         positive_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
         _check("discount", 0.0 <= discount <= 1.0, discount, "must be in [0, 1]")
         _check("n_step", positive_int(n_step), n_step, "must be a positive integer")
@@ -145,6 +150,7 @@ class D4PGTask(Task):
         _check("eval_episodes", positive_int(eval_episodes), eval_episodes, "must be a positive integer")
         self._environment_fn = environment
         self._policy_fn, self._critic_fn = policy_network, critic_network
+        self._observation_network_fn = observation_network
         self._actor_optimizer_fn = actor_optimizer or (lambda: keras.optimizers.Adam(1e-4))
         self._critic_optimizer_fn = critic_optimizer or (lambda: keras.optimizers.Adam(1e-4))
         self.discount, self.n_step, self.sigma = discount, n_step, sigma
@@ -178,19 +184,19 @@ class D4PGTask(Task):
         self._reseed_at_resume = False   # set by restore_acting; done at the first host call
         self.environment = self._environment_fn(seed=int(env_seed))
         self.eval_environment = self._environment_fn(seed=int(eval_seed))
-        obs, act = self.environment.observation_size, self.environment.action_size
-        self.replay = PrioritizedReplay(
-            self.max_replay_size, {"observation": (obs,), "action": (act,), "reward": (), "discount": (),
-                                   "next_observation": (obs,)},
-            priority_exponent=self.priority_exponent, seed=int(replay_seed))
+        (shape, dtype), act = experience.observation_spec(self.environment), self.environment.action_size
+        # State features: whole transitions; pixels: each frame once (expframe/rl/experience.py).
+        self.replay = experience.make_replay(self.environment, self.max_replay_size, self.n_step, self.discount,
+                                             self.priority_exponent, int(replay_seed))
         # The actor's own policy copy lives outside the replicator (plain variables).
-        executor = PolicyExecutor(self._policy_fn(observation_size=obs, action_size=act), obs)
-        self.actor = SynchronousActor(self.environment, executor, NStepAdder(self.replay, self.n_step, self.discount),
+        executor = PolicyExecutor(self.make_acting_policy(self.environment), shape)
+        self.actor = SynchronousActor(self.environment, executor,
+                                      experience.make_adder(self.replay, self.n_step, self.discount),
                                       sigma=self.sigma, seed=int(noise_seed))
         b = self.per_replica_batch_size
         self.inputs = PreparedBatches({
-            "observation": ((b, obs), tf.float32), "action": ((b, act), tf.float32), "reward": ((b,), tf.float32),
-            "discount": ((b,), tf.float32), "next_observation": ((b, obs), tf.float32),
+            "observation": ((b,) + shape, dtype), "action": ((b, act), tf.float32), "reward": ((b,), tf.float32),
+            "discount": ((b,), tf.float32), "next_observation": ((b,) + shape, dtype),
             "weight": ((b,), tf.float32), "key": ((b,), tf.int64)})
         self._received, self._lock = [], threading.Lock()
         self._in_flight = None
@@ -199,7 +205,8 @@ class D4PGTask(Task):
         self._recent_returns = []
 
     def build(self) -> None:
-        obs, act = self.environment.observation_size, self.environment.action_size
+        self.observation_network, self.target_observation_network = self._observation_networks(_replica_local)
+        obs, act = self._feature_size(self.observation_network), self.environment.action_size
         self.policy = self._policy_fn(observation_size=obs, action_size=act)
         self.critic = self._critic_fn(observation_size=obs, action_size=act)
         with tf.variable_creator_scope(_replica_local):
@@ -211,13 +218,17 @@ class D4PGTask(Task):
         with gin.config_scope("critic"):
             self.critic_optimizer = xf.wrap_optimizer(self._critic_optimizer_fn())
         self.actor_optimizer.build(self.policy.trainable_variables)
-        self.critic_optimizer.build(self.critic.trainable_variables)
+        self.critic_optimizer.build(self._critic_variables())
         self.acting_state = _ActingState(self)
 
     def trackables(self) -> Dict[str, Any]:
-        return {"policy": self.policy, "critic": self.critic, "target_policy": self.target_policy,
-                "target_critic": self.target_critic, "actor_optimizer": self.actor_optimizer,
-                "critic_optimizer": self.critic_optimizer, "acting": self.acting_state}
+        out = {"policy": self.policy, "critic": self.critic, "target_policy": self.target_policy,
+               "target_critic": self.target_critic, "actor_optimizer": self.actor_optimizer,
+               "critic_optimizer": self.critic_optimizer, "acting": self.acting_state}
+        if self.observation_network is not None:
+            out.update(observation_network=self.observation_network,
+                       target_observation_network=self.target_observation_network)
+        return out
 
     def train_input_fn(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return self.inputs.dataset()
@@ -226,7 +237,10 @@ class D4PGTask(Task):
 
     def _update_targets(self) -> None:
         def copy():
-            for network, target in ((self.policy, self.target_policy), (self.critic, self.target_critic)):
+            pairs = [(self.policy, self.target_policy), (self.critic, self.target_critic)]
+            if self.observation_network is not None:
+                pairs.append((self.observation_network, self.target_observation_network))
+            for network, target in pairs:
                 for source, variable in zip(network.variables, target.variables, strict=True):
                     variable.assign(source)
             return tf.constant(True)
@@ -238,17 +252,19 @@ class D4PGTask(Task):
     def train_step(self, batch) -> Dict[str, tf.Tensor]:
         self._update_targets()
         observations, actions = batch["observation"], batch["action"]
-        next_observations = batch["next_observation"]
+        next_observations = self._encode(batch["next_observation"], self.target_observation_network)
         target_logits = tf.cast(self.target_critic([next_observations, self.target_policy(next_observations)]),
                                 tf.float32)
         target = losses.categorical_projection(self.support, tf.nn.softmax(target_logits),
                                                batch["reward"], batch["discount"])
         # Both losses read the weights from before this step's updates (as Acme's learner).
         with tf.GradientTape() as critic_tape:
+            observations = self._encode(observations, self.observation_network, training=True)  # critic trains it
             logits = tf.cast(self.critic([observations, actions], training=True), tf.float32)
             cross_entropy, td_error = losses.categorical_td(self.support, logits, target)
             critic_loss = tf.reduce_mean(batch["weight"] * cross_entropy)
         with tf.GradientTape() as actor_tape:
+            observations = tf.stop_gradient(observations)
             policy_actions = self.policy(observations, training=True)
             with actor_tape.stop_recording(), tf.GradientTape() as dq_tape:
                 dq_tape.watch(policy_actions)
@@ -256,8 +272,9 @@ class D4PGTask(Task):
             actor_loss = tf.reduce_mean(losses.dpg_loss(q_values, policy_actions, dq_tape, self.dqda_clipping))
         # minimize scales each loss under loss scaling (mixed_float16), then unscales,
         # averages over replicas, clips and applies. The policy's gradient does not
-        # read the critic's weights (dQ/da is fixed above), so the order is free.
-        self.critic_optimizer.minimize(critic_loss, self.critic.trainable_variables, critic_tape)
+        # read the critic's weights (dQ/da is fixed above), so the order is free; the
+        # critic's variables include a pixel encoder, which only the critic trains.
+        self.critic_optimizer.minimize(critic_loss, self._critic_variables(), critic_tape)
         self.actor_optimizer.minimize(actor_loss, self.policy.trainable_variables, actor_tape)
 
         tf.numpy_function(self._receive, [batch["key"], td_error], [], stateful=True)
@@ -290,7 +307,7 @@ class D4PGTask(Task):
                 # noise generator continues from the checkpoint): not the run's first one.
                 self.environment.reseed(actor_seeds(self.seed, 0, 0, step)[0])
             self._reseed_at_resume = False
-            self.actor.update(self.policy.get_weights())
+            self.actor.update(self.acting_weights())
             due = self._env_steps_due(step + num_steps) - self.actor.env_steps
             if due > 0:
                 self.actor.run(due)
@@ -349,24 +366,21 @@ class D4PGTask(Task):
         waits); lets the actors run at most one host call plus one chunk ahead (actors wait)."""
         if self.actor_pool is None:
             from expframe.rl.actor_pool import ActorPool  # pylint: disable=import-outside-toplevel
-            obs, act = self.environment.observation_size, self.environment.action_size
-            shapes = {"observation": (obs,), "action": (act,), "reward": (), "discount": (), "next_observation": (obs,)}
-            self.actor_pool = ActorPool(self.policy.get_weights(), shapes, self.num_actors, self.actor_sigmas,
+            shapes = experience.rpc_fields(self.environment)
+            self.actor_pool = ActorPool(self.acting_weights(), shapes, self.num_actors, self.actor_sigmas,
                                         self.seed, self.weights_every, capacity=self.max_replay_size,
                                         max_restarts=self.max_actor_restarts, address=self.actor_service_address,
                                         resume_step=step)
             self._insert_offset, self._learner_wait_s, self._remote_started = self.replay.inserted, 0.0, None
         pool = self.actor_pool
-        pool.service.publish(self.policy.get_weights())
+        pool.service.publish(self.acting_weights())
         slack = self.weights_every + self.n_step
         pool.service.allow(self._env_steps_due(step + 2 * num_steps) - self._insert_offset + slack)
         due = self._env_steps_due(step + num_steps)
         started = time.perf_counter()
         while True:
             pool.check()
-            taken = pool.service.take()
-            if taken:
-                self.replay.add(**taken)
+            experience.ingest(self.replay, pool.service)
             if self.replay.inserted >= due:
                 break
             pool.wait_for(due - self.replay.inserted, self.actor_timeout_s)
@@ -391,9 +405,17 @@ class D4PGTask(Task):
 
     def evaluate(self, runner) -> Optional[Dict[str, float]]:
         """Mean undiscounted return of `eval_episodes` episodes of the noiseless policy."""
-        self.actor.update(self.policy.get_weights())
+        self.actor.update(self.acting_weights())
         returns = episode_returns(self.eval_environment, self.actor.policy, self.eval_episodes)
         return {"episode_return": float(np.mean(returns))}
+
+    def baseline_metrics(self, episodes: int = 10) -> Dict[str, float]:
+        """Returns of uniformly random and of zero actions on this task's environment (for
+        pixels, the same physics without rendering): the floor a learning result must clear
+        (`expframe.reproduce.baseline`; `registry.D4PG_PIXELS`'s threshold)."""
+        unrendered = {"pixels": False} if self._environment_fn is control_suite else {}
+        return trivial_policy_returns(lambda seed: self._environment_fn(seed=seed, **unrendered),
+                                      self.environment.action_size, episodes)
 
     # -- checkpointed acting state -------------------------------------------------------
 

@@ -1,0 +1,120 @@
+"""experiments/d4pg_control_pixels.gin and the paper-scale pixel files: their bindings, a shrunk
+run through main.py with 2 actor processes rendering for a 2-replica learner, no working
+renderer (exit 2, nothing written), and (slow) learning cartpole/swingup from pixels to the
+random policy's return + 200, both baselines measured here. (Resuming a pixel run, frame
+replay included: tests/tasks/test_d4pg_pixels.py.)"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import gin
+import numpy as np
+import pytest
+
+from expframe import config
+from expframe.reproduce import registry
+from tests import main_runner as mr
+
+PIXELS = "experiments/d4pg_control_pixels.gin"
+PAPER = ("experiments/d4pg_walker_walk_pixels.gin", "experiments/d4pg_cheetah_run_pixels.gin")
+# Seconds instead of minutes: 16x16 frames, episodes of 40 steps, a tiny encoder and networks,
+# a few learner steps.
+SMALL = ("control_suite.size = 16", "control_suite.action_repeat = 25", "control_suite.frame_stack = 2",
+         "drq_encoder.num_filters = 4", "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8",
+         "d4pg_policy.layer_sizes = (16,)", "d4pg_critic.layer_sizes = (16,)", "Trainer.global_batch_size = 16",
+         "Trainer.train_steps = 4", "Trainer.steps_per_loop = 2", "Trainer.log_every_steps = 2",
+         "Trainer.eval_every_steps = None", "Trainer.checkpoint_every_steps = 2", "D4PGTask.min_replay_size = 40",
+         "D4PGTask.max_replay_size = 2000", "D4PGTask.samples_per_insert = 4.0", "D4PGTask.eval_episodes = 1")
+
+
+@pytest.mark.parametrize("gin_file", (PIXELS,) + PAPER)
+def test_the_experiments_bind_pixels_and_the_shared_encoder(gin_file, monkeypatch):
+    monkeypatch.chdir(mr.ROOT)
+    config.parse([gin_file], [])
+    try:
+        assert gin.query_parameter("control_suite.pixels") is True
+        assert gin.query_parameter("control_suite.frame_stack") == 3
+        assert gin.query_parameter("D4PGTask.observation_network").selector == "drq_encoder"
+        # DrQ's 32 filters at the paper's scale; 16 on 2 CPU cores.
+        assert gin.query_parameter("drq_encoder.num_filters") == (32 if gin_file in PAPER else 16)
+        if gin_file in PAPER:
+            assert gin.query_parameter("Replicator.num_replicas") == 8
+            assert gin.query_parameter("Trainer.global_batch_size") % 8 == 0
+    finally:
+        gin.clear_config()
+
+
+def test_two_rendering_actor_processes_feed_a_two_replica_learner(tmp_path):
+    model_dir = tmp_path / "run"
+    done = mr.run([PIXELS], model_dir, tmp_path, SMALL + (
+        "Replicator.num_replicas = 2", "D4PGTask.num_actors = 2", "D4PGTask.weights_every = 20"), timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((model_dir / "result.json").read_text())
+    assert (result["step"], result["num_replicas"]) == (4, 2)
+    assert 0.0 <= result["eval"]["episode_return"] <= 1000.0
+    train = mr.metrics(model_dir, "train")
+    assert [r["step"] for r in train] == [2, 4] and train[-1]["actors_alive"] == 2, train[-1]
+    assert all(np.isfinite(r["loss"]) and np.isfinite(r["actor_loss"]) for r in train)
+    # The actors' steps became transitions of the frame replay (the last n - 1 of each
+    # actor's open episode wait for it to go on), at least as many as the ratio asks for.
+    assert train[-1]["env_steps"] >= 40 + 4 * 16 / 4, train[-1]
+    assert 0 < train[-1]["replay_size"] <= train[-1]["env_steps"], train[-1]
+    operative = (model_dir / "operative_config.gin").read_text()
+    assert "control_suite.pixels = True" in operative and "drq_encoder.num_layers = 2" in operative
+
+
+def test_no_working_renderer_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    model_dir = tmp_path / "run"
+    env = dict(mr.env(tmp_path), MUJOCO_GL="egl", MUJOCO_EGL_DEVICE_ID="99")   # no such EGL device
+    done = subprocess.run(mr.args([PIXELS], model_dir, SMALL), cwd=mr.ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "MUJOCO_GL=egl" in error[0] and "apt-get install" in error[0], done.stderr[-2000:]
+    assert not model_dir.exists() or not os.listdir(model_dir)
+
+
+@pytest.mark.slow
+def test_d4pg_learns_cartpole_swingup_from_pixels(tmp_path):
+    """As shipped, on 2 cores: the final eval return >= the random policy's + 200 within 45
+    minutes (`expframe.reproduce.registry.D4PG_PIXELS`, docs/results.md), the random and
+    zero-action returns measured here (10 episodes, `D4PGTask.baseline_metrics`). Writes
+    the curve and a strip of the frames the agent saw to docs/images/ when
+    EXPFRAME_WRITE_IMAGES=1."""
+    learning = registry.get("d4pg_control_pixels")
+    # As `python -m expframe.reproduce` measures them: a process of its own (its render workers end with it).
+    out = tmp_path / "initial_eval.json"
+    subprocess.run([sys.executable, "-m", "expframe.reproduce.baseline", f"--out={out}"]
+                   + [f"--gin_file={f}" for f in learning.gin_files] + [f"--gin_param={p}" for p in learning.params()],
+                   cwd=mr.ROOT, env=mr.env(tmp_path), check=True, timeout=1200)
+    baselines = json.loads(out.read_text())
+    model_dir = tmp_path / "run"
+    started = time.time()
+    proc = mr.start(learning.gin_files, model_dir, tmp_path, learning.params())
+    evals, lines = [], []
+    for line in proc.stdout:
+        lines.append(line)
+        found = re.match(r"eval at step (\d+): .*episode_return (-?[\d.]+)", line)
+        if found:
+            evals.append((round(time.time() - started), int(found[1]), round(float(found[2]), 1)))
+            print(f"eval {evals[-1]}", flush=True)
+    proc.wait(timeout=60)
+    wall = time.time() - started
+    assert proc.returncode == 0, "".join(lines[-60:])
+    result = json.loads((model_dir / "result.json").read_text())
+    final = result["eval"]["episode_return"]
+    print(f"d4pg cartpole/swingup from pixels: final eval return {final:.1f}; random "
+          f"{baselines['random_policy_return']:.1f}, zero action {baselines['zero_action_return']:.1f}, untrained "
+          f"{baselines['episode_return']:.1f}; evals (s, step, return) {evals}; {wall:.0f} s end to end; "
+          f"load average at the end {os.getloadavg()}")
+    if os.environ.get("EXPFRAME_WRITE_IMAGES") == "1":
+        images = os.path.join(mr.ROOT, "docs", "images")
+        subprocess.run([sys.executable, "-m", "expframe.plot", str(model_dir), "--out",
+                        os.path.join(images, "d4pg_pixels_cartpole_swingup_curve.png")], cwd=mr.ROOT, check=True)
+        subprocess.run([sys.executable, "-m", "expframe.rl.frame_strip", str(model_dir), "--out",
+                        os.path.join(images, "d4pg_pixels_cartpole_swingup_frames.png")], cwd=mr.ROOT, check=True)
+    assert learning.passed(result["eval"], baselines), ([t.text(baselines) for t in learning.thresholds], final)
