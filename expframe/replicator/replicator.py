@@ -1,13 +1,13 @@
 """The Replicator: TF-Replicator's programming model on top of `tf.distribute`."""
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import gin
 import tensorflow as tf
 
 from expframe.errors import ConfigError
-from expframe.replicator import collectives, targets
+from expframe.replicator import auto_settings, collectives, targets
 from expframe.replicator.inputs import DistributedInput, per_replica
 from expframe.replicator.mesh_target import MeshTarget
 
@@ -84,10 +84,14 @@ class Replicator:
         devices (GPUs when present, else the 'cpu' target's logical CPUs); data is
         split over 'batch' (num_replicas = b), kernels of the layers in
         expframe.layers.tensor_parallel over 'model' (see mesh_target.py).
+      jit_compile: compile the per-replica train step (what `run_steps` runs) with
+        XLA: False, True, or 'auto' (measured on GPUs, off on CPUs; see
+        expframe/replicator/auto_settings.py for each target). True where XLA cannot
+        work (several logical CPU devices, parameter servers, a mesh) is a ConfigError.
     """
 
     def __init__(self, target: str = "cpu", num_replicas: Optional[int] = None,
-                 mesh_shape: Optional[Dict[str, int]] = None):
+                 mesh_shape: Optional[Dict[str, int]] = None, jit_compile: Union[bool, str] = "auto"):
         self.target = targets.auto_target() if target == "auto" else target
         self.strategy = targets.make_strategy(self.target, num_replicas)
         self.mesh_target = None
@@ -100,6 +104,15 @@ class Replicator:
         if self.target == "parameter_server":
             self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self._identity = targets.worker_identity(self.target, self.strategy)
+        self.jit_compile = jit_compile
+        auto_settings.check_jit_compile(jit_compile, self.target, self._local_replicas())
+        self._compiles_steps = None  # decided on first use, under the run's precision policy
+        self._uncompiled = {}  # step_fn -> why XLA cannot compile it
+
+    def _local_replicas(self) -> int:
+        if self.mesh_target is not None or self.coordinator is not None:
+            return 1
+        return len(self.strategy.extended.worker_devices)
 
     # -- where we are ----------------------------------------------------------------
 
@@ -148,6 +161,43 @@ class Replicator:
                     yield
             else:  # one copy already: one replica, or variables on parameter servers
                 yield
+
+    # -- speed: precision and XLA --------------------------------------------------
+
+    def fastest_precision(self, make_timer=None, directory: Optional[str] = None) -> str:
+        """The Keras precision policy that `run_experiment.precision = 'auto'` means here:
+        measured once per machine (expframe/replicator/auto_settings.py), the same on
+        every worker (the most conservative of the workers' choices)."""
+        choice = auto_settings.auto_precision(self.target, make_timer=make_timer, directory=directory)
+        if self.num_workers > 1:
+            order = auto_settings.PRECISIONS
+            choice = order[int(self.agree(float(order.index(choice)), "min"))]
+        return choice
+
+    @property
+    def compiles_steps(self) -> bool:
+        """Whether `run_steps` compiles the step with XLA (`jit_compile`; 'auto' is decided
+        on first use, under the precision policy in force then)."""
+        if self._compiles_steps is None:
+            if self.jit_compile == "auto":
+                self._compiles_steps = auto_settings.auto_jit_compile(self.target, self._local_replicas())
+            else:
+                self._compiles_steps = self.jit_compile is True and self.target != "tpu"  # a TPU compiles anyway
+        return self._compiles_steps
+
+    def exclude_from_xla(self, step_fn: Callable[..., Any], reason: str) -> None:
+        """Marks a step that XLA cannot compile (it calls the host, say): `run_steps` never
+        compiles it, and with `jit_compile=True` this is a ConfigError naming `reason`."""
+        if self.jit_compile is True and self.target != "tpu":
+            raise ConfigError(f"Replicator.jit_compile=True, but {reason}, which XLA cannot compile; "
+                              "set Replicator.jit_compile = False (or 'auto').")
+        self._uncompiled[step_fn] = reason
+
+    def _replica_step(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """step_fn, compiled with XLA if `compiles_steps` and XLA can compile it."""
+        if self.compiles_steps and step_fn not in self._uncompiled:
+            return tf.function(step_fn, jit_compile=True)
+        return step_fn
 
     # -- data ------------------------------------------------------------------------
 
@@ -282,8 +332,10 @@ class Replicator:
             self._step_loops = {}
         loop = self._step_loops.get(step_fn)
         if loop is None:
+            replica_step = self._replica_step(step_fn)
+
             def host_call(it, n):
-                return mean_over_steps(lambda: self.reduce(self.run(step_fn, next(it)), "mean"), n)
+                return mean_over_steps(lambda: self.reduce(self.run(replica_step, next(it)), "mean"), n)
             loop = self._step_loops[step_fn] = tf.function(host_call)
         return {k: float(v) for k, v in loop(iterator, tf.constant(num_steps, tf.int32)).items()}
 
@@ -296,8 +348,10 @@ class Replicator:
             self._worker_loops = {}
         loop = self._worker_loops.get(step_fn)
         if loop is None:
+            replica_step = self._replica_step(step_fn)
+
             def worker_loop(iterator, n):
-                return mean_over_steps(lambda: self.strategy.run(step_fn, args=(next(iterator),)), n)
+                return mean_over_steps(lambda: self.strategy.run(replica_step, args=(next(iterator),)), n)
             loop = self._worker_loops[step_fn] = tf.function(worker_loop)
         return self.coordinator.schedule(loop, args=(per_worker_iterator, tf.constant(num_steps, tf.int32)))
 
