@@ -64,7 +64,13 @@ def precision_candidates(device: str) -> Sequence[str]:
 
 def auto_precision(target: str, device: Optional[str] = None, make_timer=None, directory: Optional[str] = None,
                    log=None) -> str:
-    """The Keras policy name 'auto' stands for on `target` (see the module docstring).
+    """The Keras policy name 'auto' stands for on `target` (see `precision_choice`)."""
+    return precision_choice(target, device, make_timer, directory, log).value
+
+
+def precision_choice(target: str, device: Optional[str] = None, make_timer=None, directory: Optional[str] = None,
+                     log=None) -> autotune.Choice:
+    """What 'auto' chooses on `target` (module docstring), with the probe's timings.
 
     Args:
       target: the Replicator's target.
@@ -74,14 +80,14 @@ def auto_precision(target: str, device: Optional[str] = None, make_timer=None, d
       log: where the one line goes (default stdout).
     """
     if target == "tpu":
-        return "mixed_bfloat16"
+        return autotune.Choice("mixed_bfloat16", {}, False, "", "not measured: a TPU computes in bfloat16", None)
     device = device or probe_device(target)
     model = probes.device_model(device)
     key = f"run_experiment.precision|{model}|TensorFlow {tf.__version__}"
     what = f"{model} (TensorFlow {tf.__version__}; matmul + convolution)"
     return autotune.choose("run_experiment.precision", key, precision_candidates(device),
                            make_timer or (lambda: probes.precision_timer(device)), what,
-                           directory=directory, log=log).value
+                           directory=directory, log=log)
 
 
 def xla_refusal(target: str, local_replicas: int, device: str) -> Optional[str]:
@@ -113,20 +119,27 @@ def check_jit_compile(jit_compile: Union[bool, str], target: str, local_replicas
 def auto_jit_compile(target: str, local_replicas: int, device: Optional[str] = None, make_timer=None,
                      directory: Optional[str] = None, log=None) -> bool:
     """Whether 'auto' compiles the step (see the module docstring); measured on GPUs."""
+    choice = jit_choice(target, local_replicas, device, make_timer, directory, log)
+    return choice is not None and choice.value == "on"
+
+
+def jit_choice(target: str, local_replicas: int, device: Optional[str] = None, make_timer=None,
+               directory: Optional[str] = None, log=None) -> Optional[autotune.Choice]:
+    """The measured 'auto' choice of XLA ("off"/"on") where it is measured (GPUs on the
+    'gpu' target), else None: off without measuring (module docstring)."""
     device = device or probe_device(target)
     if target in ("tpu", "multi_worker") or xla_refusal(target, local_replicas, device):
-        return False  # a TPU compiles anyway; GPU workers: not verified
+        return None  # a TPU compiles anyway; GPU workers: not verified
     if probes.device_type(device) != "GPU":
-        return False  # documented per target: XLA on CPUs measured slower
+        return None  # documented per target: XLA on CPUs measured slower
     model = probes.device_model(device)
     policy = _policy_name()
     key = f"Replicator.jit_compile|{model}|TensorFlow {tf.__version__}|{policy}"
     what = f"{model} (TensorFlow {tf.__version__}, {policy}; a convnet training step)"
     dtype = probes.COMPUTE_DTYPES.get(policy, tf.float32)
-    choice = autotune.choose("Replicator.jit_compile", key, ("off", "on"),
-                             make_timer or (lambda: probes.xla_timer(device, dtype=dtype)), what,
-                             directory=directory, log=log)
-    return choice.value == "on"
+    return autotune.choose("Replicator.jit_compile", key, ("off", "on"),
+                           make_timer or (lambda: probes.xla_timer(device, dtype=dtype)), what,
+                           directory=directory, log=log)
 
 
 def _policy_name() -> str:
