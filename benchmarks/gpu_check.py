@@ -214,6 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--jit", nargs="+", choices=("off", "on"), default=["off", "on"])
     parser.add_argument("--matrix", default=DEFAULT_MATRIX, help="the matrix's entry point, module:function")
     parser.add_argument("--budget_s", type=float, default=450.0, help="seconds for the whole check")
+    for name in ("size", "depth", "global_batch", "steps", "repeats"):  # override the ResNet sizes
+        parser.add_argument(f"--{name}", type=int, default=None, help=f"ResNet {name} (default: {FULL[name]})")
     parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
     args = parser.parse_args(argv)
@@ -221,7 +223,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: --target=gpu but TensorFlow sees no GPU here; run it on a GPU machine "
               "(or --target=cpu --tiny to check the script)", file=sys.stderr)
         return 2
-    sizes = TINY if args.tiny else FULL
+    sizes = dict(TINY if args.tiny else FULL)
+    sizes.update({k: getattr(args, k) for k in ("size", "depth", "global_batch", "steps", "repeats")
+                  if getattr(args, k) is not None})
     started = time.time()
     deadline = started + args.budget_s
     reserve = sum(RESERVE_S[s] for s in ("matrix", "d4pg") if s in args.sections)

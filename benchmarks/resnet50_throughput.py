@@ -35,7 +35,12 @@ Cost: each configuration builds and traces three ResNet-50s, about a minute each
 2 cores, then times them: about 6 minutes per configuration at 224x224 with batch 4
 on this 2-core machine (12 minutes for `--quick`'s 2 configurations: 224 and 128,
 2 replicas, float32; the default runs 8). Narrow it with --sizes, --replicas,
---precisions.
+--precisions, --runners.
+
+Precision 'auto': the report marks with * the precision that `run_experiment.precision
+= 'auto'` runs with on this machine (its cached measurement, or one made at the start:
+expframe/replicator/auto_settings.py) and, for every size and replica count measured
+at both float32 and mixed_bfloat16, says whether that was the faster one for ResNet-50.
 
 Results: a table on stdout and JSON in `benchmarks/results/resnet50_throughput.json`.
 """
@@ -278,6 +283,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--baseline_strategy", choices=handwritten.STRATEGIES, default="same",
                         help="the baselines' MirroredStrategy (see benchmarks/handwritten.py)")
+    parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS),
+                        help="which of the three to time (default all)")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     if args.quick:
@@ -307,16 +314,18 @@ def main():
         for n in cfg["replicas"]:
             for precision in cfg["precisions"]:
                 row = measure(Setup(size, n, precision, cfg["global_batch_size"], cfg["steps_per_call"],
-                                    args.baseline_strategy), cfg["repeats"])
+                                    args.baseline_strategy), cfg["repeats"], tuple(args.runners))
                 peak_for = peak["bfloat16" if "bfloat16" in precision else "float32"]
-                for name in RUNNERS:
+                for name in args.runners:
                     row[name]["mfu"] = mfu(row[name]["images_per_sec"], size, peak_for)
                 row["peak_gflops_used"] = peak_for
                 rows.append(row)
-                cells = " ".join(f"{row[r]['images_per_sec']:>7.2f} ({row[r]['mfu']:>4.0%})" for r in RUNNERS)
+                cells = " ".join(f"{row[r]['images_per_sec']:>7.2f} ({row[r]['mfu']:>4.0%})" if r in row
+                                 else f"{'-':>14}" for r in RUNNERS)
                 mark = "*" if precision == auto.value else " "
                 print(f"{size:>4} {n:>3} {mark}{precision:>13} | {cells} | "
-                      f"{row['expframe_over_handwritten_paired']:>7.3f} {row['expframe_over_keras_fit_paired']:>7.3f}",
+                      f"{row.get('expframe_over_handwritten_paired', float('nan')):>7.3f} "
+                      f"{row.get('expframe_over_keras_fit_paired', float('nan')):>7.3f}",
                       flush=True)
                 # After every configuration: a long run stopped early keeps what it measured.
                 result = {"benchmark": "resnet50_throughput", "quick": args.quick, "config": cfg,
