@@ -10,6 +10,7 @@ from expframe.errors import ConfigError
 from expframe.replicator import auto_settings, collectives, targets
 from expframe.replicator.inputs import DistributedInput, per_replica
 from expframe.replicator.mesh_target import MeshTarget
+from expframe.replicator.xla_steps import XlaSteps
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")
 
@@ -105,9 +106,7 @@ class Replicator:
             self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self._identity = targets.worker_identity(self.target, self.strategy)
         self.jit_compile = jit_compile
-        auto_settings.check_jit_compile(jit_compile, self.target, self._local_replicas())
-        self._compiles_steps = None  # decided on first use, under the run's precision policy
-        self._uncompiled = {}  # step_fn -> why XLA cannot compile it
+        self._xla = XlaSteps(jit_compile, self.target, self._local_replicas())
 
     def _local_replicas(self) -> int:
         if self.mesh_target is not None or self.coordinator is not None:
@@ -178,26 +177,12 @@ class Replicator:
     def compiles_steps(self) -> bool:
         """Whether `run_steps` compiles the step with XLA (`jit_compile`; 'auto' is decided
         on first use, under the precision policy in force then)."""
-        if self._compiles_steps is None:
-            if self.jit_compile == "auto":
-                self._compiles_steps = auto_settings.auto_jit_compile(self.target, self._local_replicas())
-            else:
-                self._compiles_steps = self.jit_compile is True and self.target != "tpu"  # a TPU compiles anyway
-        return self._compiles_steps
+        return self._xla.compiles
 
     def exclude_from_xla(self, step_fn: Callable[..., Any], reason: str) -> None:
         """Marks a step that XLA cannot compile (it calls the host, say): `run_steps` never
         compiles it, and with `jit_compile=True` this is a ConfigError naming `reason`."""
-        if self.jit_compile is True and self.target != "tpu":
-            raise ConfigError(f"Replicator.jit_compile=True, but {reason}, which XLA cannot compile; "
-                              "set Replicator.jit_compile = False (or 'auto').")
-        self._uncompiled[step_fn] = reason
-
-    def _replica_step(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """step_fn, compiled with XLA if `compiles_steps` and XLA can compile it."""
-        if self.compiles_steps and step_fn not in self._uncompiled:
-            return tf.function(step_fn, jit_compile=True)
-        return step_fn
+        self._xla.exclude(step_fn, reason)
 
     # -- data ------------------------------------------------------------------------
 
@@ -330,14 +315,15 @@ class Replicator:
             return self.mesh_target.run_steps(step_fn, iterator, num_steps)
         if not hasattr(self, "_step_loops"):
             self._step_loops = {}
+        steps = tf.constant(num_steps, tf.int32)
         loop = self._step_loops.get(step_fn)
         if loop is None:
-            replica_step = self._replica_step(step_fn)
-
-            def host_call(it, n):
-                return mean_over_steps(lambda: self.reduce(self.run(replica_step, next(it)), "mean"), n)
-            loop = self._step_loops[step_fn] = tf.function(host_call)
-        return {k: float(v) for k, v in loop(iterator, tf.constant(num_steps, tf.int32)).items()}
+            def build(replica_step):
+                def host_call(it, n):
+                    return mean_over_steps(lambda: self.reduce(self.run(replica_step, next(it)), "mean"), n)
+                return tf.function(host_call)
+            loop = self._step_loops[step_fn] = self._xla.host_loop(build, step_fn, iterator, steps)
+        return {k: float(v) for k, v in self._xla.call(loop, iterator, steps).items()}
 
     def schedule_steps(self, step_fn: Callable[..., Any], per_worker_iterator, num_steps: int) -> Any:
         """parameter_server: schedules `num_steps` steps of `step_fn(next(iterator))` on a free worker.
@@ -348,7 +334,7 @@ class Replicator:
             self._worker_loops = {}
         loop = self._worker_loops.get(step_fn)
         if loop is None:
-            replica_step = self._replica_step(step_fn)
+            replica_step = self._xla.replica_step(step_fn)
 
             def worker_loop(iterator, n):
                 return mean_over_steps(lambda: self.strategy.run(replica_step, args=(next(iterator),)), n)

@@ -5,6 +5,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 import expframe as xf
 from expframe.replicator import auto_settings
@@ -56,7 +57,7 @@ def test_xla_step_gives_the_numbers_of_the_default_step():
 
 def test_the_step_really_goes_through_xla():
     """A step that calls the host cannot be compiled: it fails under jit_compile=True
-    (so the step was handed to XLA) and runs without."""
+    (so the step was handed to XLA), with one line naming the binding, and runs without."""
     def host_step(batch):
         doubled = tf.numpy_function(lambda v: v * 2, [batch], tf.float32, stateful=False)
         return {"loss": tf.reduce_mean(tf.reshape(doubled, [-1]))}
@@ -65,10 +66,27 @@ def test_the_step_really_goes_through_xla():
         rep = xf.Replicator("cpu", 1, jit_compile=jit_compile)
         iterator = iter(rep.distribute(lambda ctx: tf.data.Dataset.from_tensors(tf.ones([2])).repeat(), 2))
         if jit_compile:
-            with pytest.raises(tf.errors.InvalidArgumentError, match="PyFunc|unsupported operations"):
+            with pytest.raises(xf.RunError, match=r"the train step failed under XLA \(.*\); set "
+                                                  r"Replicator.jit_compile = False"):
                 rep.run_steps(host_step, iterator, 1)
         else:
             assert rep.run_steps(host_step, iterator, 1) == {"loss": 2.0}
+
+
+def test_auto_runs_a_step_that_cannot_be_traced_for_xla_uncompiled(capsys):
+    def step(batch):
+        if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+            raise ValueError("this step cannot be traced under XLA")
+        return {"loss": tf.reduce_mean(batch)}
+
+    rep = xf.Replicator("cpu", 1, jit_compile="auto")
+    rep._xla._compiles = True  # pylint: disable=protected-access  (as 'auto' decides on a GPU)
+    iterator = iter(rep.distribute(lambda ctx: tf.data.Dataset.from_tensors(tf.ones([2])).repeat(), 2))
+    assert rep.run_steps(step, iterator, 2) == {"loss": 1.0}
+    assert rep.run_steps(step, iterator, 1) == {"loss": 1.0}
+    lines = [line for line in capsys.readouterr().out.splitlines() if "jit_compile" in line]
+    assert lines == ["expframe: Replicator.jit_compile='auto': the step cannot be traced for XLA "
+                     "(ValueError: this step cannot be traced under XLA); it runs uncompiled"]
 
 
 def test_auto_is_off_on_cpus_without_measuring():
