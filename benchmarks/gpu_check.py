@@ -176,7 +176,8 @@ def d4pg_rows(target: str, steps: int, params: Sequence[str]) -> List[Dict]:
             row.update(expframe=round(rate, 1), note="experiments/d4pg_control.gin (train step never compiled: "
                                                      "it calls the host)")
         except (Exception, SystemExit) as e:  # pylint: disable=broad-except
-            row.update(expframe="FAILED", note=_first_line(e)[-200:])
+            lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+            row.update(expframe="FAILED", note=lines[-1][-200:])  # main.py's last line: its error
     return [row]
 
 
