@@ -1,37 +1,43 @@
 """Logical CPU replicas: the quickstart at 8 replicas against 1, expframe against a plain loop.
 
     python benchmarks/cpu_replicas.py            # ~8 minutes on 2 idle cores
-    python benchmarks/cpu_replicas.py --quick    # ~3 minutes: two variants, fewer calls
+    python benchmarks/cpu_replicas.py --quick    # ~3 minutes: expframe and the plain loop, 1 repeat
 
 The quickstart's model (ResNet-8, SyncBatchNorm, stem stride 2, 32x32, 10 classes,
-Adam 2e-3) at its global batch (120) trains on one synthetic in-memory batch two ways,
-each on 1 and on 8 logical CPU devices of the same process:
+Adam 2e-3) at its global batch (120) trains on one synthetic in-memory batch:
 
-  expframe  `ClassificationTask` + `Replicator('cpu', n)` + `Trainer`, timing one
-            `trainer.run_train_steps(k)` host call (what `main.py` runs).
+  expframe  `ClassificationTask` + `Replicator('cpu', n)` + `Trainer`, timing
+            `trainer.run_train_steps(k)` host calls (what `main.py` runs), with the
+            threads the cpu target sets (or a variant preset before it).
   plain     the tf.distribute guide's loop (benchmarks/handwritten.py) on
-            `tf.distribute.MirroredStrategy(devices)` as a user writes it (on CPU
-            devices TensorFlow 2.21 picks CollectiveAllReduce, RING), the same model
-            and optimizer.
+            `tf.distribute.MirroredStrategy(devices)` over logical CPU devices made with
+            `tf.config.set_logical_device_configuration`, as a user writes it: no
+            expframe code but the model (on CPU devices TensorFlow 2.21 then reduces
+            with CollectiveAllReduce, RING).
 
-All four are timed interleaved; each reports examples/s (median over calls) and the
-ratio 8 replicas / 1 replica. Threads are set before TensorFlow starts, so every
-variant runs in its own process (this script with --role=worker):
+Each configuration (runner, replicas, thread setting) runs in a process of its own, as
+a user's run does (threads are fixed when TensorFlow starts, and expframe sets them
+when it splits the CPU), one after another, `--repeats` times interleaved. It reports
+examples/s (median over calls) and the CPU time per example (all threads of the
+process: what the work costs, much less sensitive than wall time to other work on the
+machine), and for each runner and setting the ratio 8 replicas / 1 replica.
 
-  expframe   the cpu target's own setting: inter-op threads = max(cores, 2 x logical
-             devices) (16 for 8 devices), intra-op = TensorFlow's default (the cores).
-  tf_default TensorFlow's defaults (inter-op = intra-op = the cores).
-  inter9     inter-op = devices + 1 (9): one per replica plus one for the reduction.
-  intra1     expframe's inter-op, intra-op = 1: replicas run side by side, each op on
-             one thread.
-The reduction: expframe's cpu target reduces through one device
-(`ReductionToOneDevice`); `--reduction` also tries the plain loop's strategy for
-expframe (`--reduction=both`).
+Thread settings:
+  expframe    what expframe's cpu target sets when it splits the CPU (into 8 devices, also
+              for 1 replica): inter-op threads = max(cores, 2 x devices) = 16, intra-op
+              threads: TensorFlow's default (the cores), or 1 where the replicas are at
+              least as many as the cores (expframe/replicator/targets.py).
+  intra_pool  expframe's inter-op threads with the intra-op pool left at the cores for
+              every replica count (what the cpu target did before).
+  tf_default  TensorFlow's defaults: inter-op = intra-op = the cores (the plain loop's).
+  expframe_threads  (plain loop) the plain loop with expframe's thread setting.
 
-All logical CPU devices of a process share one intra-op pool (the cores) and one
-inter-op pool; 8 logical replicas on 2 cores are 8 streams of small ops competing
-for 2 cores, so neither loop can reach 1.0. The question is only whether expframe
-loses more than the plain loop, and which setting closes it.
+Why 8 logical replicas cannot reach 1: they share the process's one intra-op pool and
+one inter-op pool, on the same cores; a step of 8 x 15 examples is 8 streams of ops on
+small tensors plus the collectives that join them (SyncBatchNorm's moments, the
+gradient all-reduce) where 1 replica runs one stream on 120. The CPU time per example
+measures that overhead; the wall time adds how well the streams fill the cores.
+Notes from the measurements are in README ("Logical CPU replicas: threads").
 
 Needs a quiet machine: the 1-minute load average is recorded before and after.
 Results: a table on stdout and JSON in benchmarks/results/cpu_replicas.json.
@@ -51,41 +57,41 @@ ROOT = os.path.dirname(_HERE)
 RESULTS = os.path.join(_HERE, "results", "cpu_replicas.json")
 GLOBAL_BATCH = 120
 DEVICES = 8
-VARIANTS = {  # name -> (inter-op threads, intra-op threads); None: leave it to expframe / TensorFlow
-    "expframe": (None, None),
-    "tf_default": (0, 0),
-    "inter9": (DEVICES + 1, None),
-    "intra1": (None, 1),
-}
+CONFIGS = (("expframe", "expframe"), ("plain", "tf_default"), ("expframe", "intra_pool"),
+           ("plain", "expframe_threads"))
+QUICK_CONFIGS = CONFIGS[:2]
 
 
 # -- worker --------------------------------------------------------------------------------
 
+def _set_threads(tf, threads: str, replicas: int) -> None:
+    cores = os.cpu_count() or 1
+    if threads == "intra_pool":  # expframe's inter-op rule, the intra-op pool at the cores
+        tf.config.threading.set_intra_op_parallelism_threads(cores)
+    elif threads == "tf_default":
+        tf.config.threading.set_inter_op_parallelism_threads(cores)
+        tf.config.threading.set_intra_op_parallelism_threads(cores)
+    elif threads == "expframe_threads":  # what expframe's cpu target sets for 8 devices
+        tf.config.threading.set_inter_op_parallelism_threads(max(cores, 2 * DEVICES))
+        if replicas >= cores:
+            tf.config.threading.set_intra_op_parallelism_threads(1)
+
+
 def worker(args) -> None:
-    """One process, one thread setting: times expframe and the plain loop on 1 and 8 replicas."""
+    """One process: one runner on `args.replicas` replicas with one thread setting."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, ROOT)
     sys.path.insert(0, _HERE)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    import expframe  # pylint: disable=import-outside-toplevel
-
-    inter, intra = VARIANTS[args.variant]
-    if intra:  # 0: TensorFlow's default (the cores)
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-    if inter is not None:  # set before the split: expframe's cpu target keeps a value that is set
-        tf.config.threading.set_inter_op_parallelism_threads(inter if inter else os.cpu_count())
-    expframe.split_cpu(DEVICES)
-    threads = {"inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
-               "intra_op": tf.config.threading.get_intra_op_parallelism_threads()}
-
+    _set_threads(tf, args.threads, args.replicas)
     import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
 
+    import expframe  # pylint: disable=import-outside-toplevel
     import handwritten  # pylint: disable=import-outside-toplevel
     from expframe.layers import SyncBatchNorm  # pylint: disable=import-outside-toplevel
     from expframe.models.resnet import resnet  # pylint: disable=import-outside-toplevel
-    from expframe.replicator import targets  # pylint: disable=import-outside-toplevel
     from expframe.tasks.classification import ClassificationTask  # pylint: disable=import-outside-toplevel
     from expframe.trainer import Trainer  # pylint: disable=import-outside-toplevel
 
@@ -100,120 +106,133 @@ def worker(args) -> None:
     def dataset(per_replica):
         return tf.data.Dataset.from_tensors({k: v[:per_replica] for k, v in batch.items()}).repeat()
 
-    def expframe_runner(n):
+    n = args.replicas
+    if args.runner == "expframe":
         task = ClassificationTask(model=model, dataset=lambda split, ctx, batch_size, **_: dataset(batch_size),
                                   optimizer=lambda: keras.optimizers.Adam(2e-3), eval_split=None)
         trainer = Trainer(train_steps=10 ** 9, global_batch_size=GLOBAL_BATCH)
-        replicator = expframe.Replicator("cpu", n)
-        if args.expframe_strategy == "tf_default":
-            replicator.strategy = tf.distribute.MirroredStrategy(devices=targets.cpu_devices(n))
-        trainer.prepare(replicator, task, seed=0, deterministic=False)
-        return lambda k: trainer.run_train_steps(k)["loss"]
-
-    def plain_runner(n):
-        strategy = tf.distribute.MirroredStrategy(devices=targets.cpu_devices(n))
+        trainer.prepare(expframe.Replicator("cpu", n), task, seed=0, deterministic=False)
+        call = lambda k: trainer.run_train_steps(k)["loss"]  # noqa: E731
+    else:
+        physical = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(physical, [tf.config.LogicalDeviceConfiguration()] * DEVICES)
+        devices = [d.name for d in tf.config.list_logical_devices("CPU")[:n]]
+        strategy = tf.distribute.MirroredStrategy(devices=devices)
         with strategy.scope():
             net, opt = model(), keras.optimizers.Adam(2e-3)
-        return handwritten.handwritten_loop(strategy, net, opt, dataset, GLOBAL_BATCH, 10)
-
-    runners = {}
-    for n in (1, DEVICES):
-        runners[f"expframe_{n}"] = expframe_runner(n)
-        runners[f"plain_{n}"] = plain_runner(n)
-    plain = tf.distribute.MirroredStrategy(devices=targets.cpu_devices(DEVICES))
-    plain_ops = type(plain.extended._cross_device_ops).__name__  # pylint: disable=protected-access
-    names = list(runners)
-    for name in names:  # trace, then once more untimed
-        runners[name](args.steps_per_call)
-        runners[name](args.steps_per_call)
-    times = {name: [] for name in names}
-    cpu = {name: [] for name in names}
-    for i in range(args.calls):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            start, start_cpu = time.perf_counter(), time.process_time()
-            loss = runners[name](args.steps_per_call)
-            times[name].append(time.perf_counter() - start)
-            cpu[name].append(time.process_time() - start_cpu)
-            if not np.isfinite(loss):
-                raise RuntimeError(f"{name}: loss {loss}")
+        call = handwritten.handwritten_loop(strategy, net, opt, dataset, GLOBAL_BATCH, 10)
+    threads = {"inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+               "intra_op": tf.config.threading.get_intra_op_parallelism_threads()}
+    for _ in range(2):  # trace, then once more untimed
+        call(args.steps_per_call)
+    wall, cpu = [], []
+    for _ in range(args.calls):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        loss = call(args.steps_per_call)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+        if not np.isfinite(loss):
+            raise RuntimeError(f"loss {loss}")
     examples = args.steps_per_call * GLOBAL_BATCH
-    rate = {name: examples / statistics.median(t) for name, t in times.items()}
-    # CPU time (all threads of the process) per example: what the work costs, much less
-    # sensitive than wall time to other processes on the machine (they add waiting, not CPU).
-    cpu_us = {name: 1e6 * statistics.median(t) / examples for name, t in cpu.items()}
-    record = {"variant": args.variant, "expframe_strategy": args.expframe_strategy, "threads": threads,
-              "plain_cross_device_ops": plain_ops, "examples_per_sec": rate, "times_s": times,
-              "cpu_us_per_example": cpu_us,
-              "ratio_8_over_1": {"expframe": rate[f"expframe_{DEVICES}"] / rate["expframe_1"],
-                                 "plain": rate[f"plain_{DEVICES}"] / rate["plain_1"]},
-              "cpu_ratio_8_over_1": {"expframe": cpu_us[f"expframe_{DEVICES}"] / cpu_us["expframe_1"],
-                                     "plain": cpu_us[f"plain_{DEVICES}"] / cpu_us["plain_1"]}}
-    print("RESULT " + json.dumps(record), flush=True)
+    print("RESULT " + json.dumps({
+        "runner": args.runner, "replicas": n, "threads_setting": args.threads, "threads": threads,
+        "examples_per_sec": examples / statistics.median(wall),
+        "cpu_us_per_example": 1e6 * statistics.median(cpu) / examples, "wall_s": wall, "cpu_s": cpu}), flush=True)
 
 
 # -- driver --------------------------------------------------------------------------------
 
-def run_variant(args, variant: str, expframe_strategy: str) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--role=worker", f"--variant={variant}",
-           f"--expframe_strategy={expframe_strategy}", f"--steps_per_call={args.steps_per_call}",
+def run_config(args, runner: str, replicas: int, threads: str) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--role=worker", f"--runner={runner}",
+           f"--replicas={replicas}", f"--threads={threads}", f"--steps_per_call={args.steps_per_call}",
            f"--calls={args.calls}"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     for name in ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS", "EXPFRAME_CPU_DEVICES"):
         env.pop(name, None)
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"runner": runner, "replicas": replicas, "threads_setting": threads, "error": "timed out"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
-        raise SystemExit(f"variant {variant} failed (status {done.returncode}):\n{done.stderr[-3000:]}")
+        return {"runner": runner, "replicas": replicas, "threads_setting": threads,
+                "error": f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:200]}"}
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def summarise(records: list) -> list:
+    """One row per (runner, thread setting): medians over repeats at 1 and 8 replicas, and 8/1."""
+    rows = []
+    for runner, threads in dict.fromkeys((r["runner"], r["threads_setting"]) for r in records):
+        row = {"runner": runner, "threads_setting": threads}
+        for n in (1, DEVICES):
+            mine = [r for r in records if (r["runner"], r["threads_setting"], r["replicas"]) == (runner, threads, n)
+                    and "error" not in r]
+            if mine:
+                row[n] = {"examples_per_sec": statistics.median(r["examples_per_sec"] for r in mine),
+                          "cpu_us_per_example": statistics.median(r["cpu_us_per_example"] for r in mine),
+                          "threads": mine[0]["threads"]}
+        if 1 in row and DEVICES in row:
+            row["ratio_8_over_1"] = row[DEVICES]["examples_per_sec"] / row[1]["examples_per_sec"]
+            row["cpu_ratio_8_over_1"] = row[DEVICES]["cpu_us_per_example"] / row[1]["cpu_us_per_example"]
+        rows.append(row)
+    return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="two variants, fewer calls")
+    parser.add_argument("--quick", action="store_true", help="expframe and the plain loop only, 1 repeat")
     parser.add_argument("--role", choices=("driver", "worker"), default="driver")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), default="expframe")
-    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
-    parser.add_argument("--reduction", choices=("expframe", "both"), default="expframe",
-                        help="'both': also run expframe on the plain loop's strategy")
-    parser.add_argument("--expframe_strategy", choices=("expframe", "tf_default"), default="expframe",
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--runner", choices=("expframe", "plain"), default="expframe")
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--threads", default="expframe",
+                        choices=("expframe", "intra_pool", "tf_default", "expframe_threads"))
     parser.add_argument("--steps_per_call", type=int, default=None)
     parser.add_argument("--calls", type=int, default=None)
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per variant")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--configs", nargs="+", default=None, help="runner:threads pairs, e.g. expframe:intra_pool")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
-    args.steps_per_call = args.steps_per_call or (4 if args.quick else 8)
+    args.steps_per_call = args.steps_per_call or (5 if args.quick else 8)
     args.calls = args.calls or (5 if args.quick else 7)
+    args.repeats = args.repeats or (1 if args.quick else 2)
     if args.role == "worker":
         worker(args)
         return 0
-    variants = args.variants or (["expframe", "tf_default"] if args.quick else list(VARIANTS))
-    runs = [(v, "expframe") for v in variants]
-    if args.reduction == "both":
-        runs.append(("expframe", "tf_default"))
+    configs = QUICK_CONFIGS if args.quick else CONFIGS
+    if args.configs:
+        configs = [tuple(c.split(":")) for c in args.configs]
     load_before, started = os.getloadavg()[0], time.time()
     print(f"quickstart model, global batch {GLOBAL_BATCH}, {args.steps_per_call} steps per call, {args.calls} "
-          f"interleaved calls; {os.cpu_count()} CPUs, load average {load_before:.2f}", flush=True)
-    print(f"{'variant':>11} {'reduction':>20} {'inter':>5} {'intra':>5} | {'xf 1':>7} {'xf 8':>7} {'plain 1':>7} "
-          f"{'plain 8':>7} | {'xf 8/1':>6} {'plain 8/1':>9} | CPU us/example 8/1: {'xf':>5} {'plain':>5}",
+          f"calls per process, {args.repeats} repeat(s); {os.cpu_count()} CPUs, load average {load_before:.2f}",
           flush=True)
     records = []
-    for variant, strategy in runs:
-        r = run_variant(args, variant, strategy)
-        records.append(r)
-        rate, ratio = r["examples_per_sec"], r["ratio_8_over_1"]
-        reduction = "ReductionToOneDevice" if strategy == "expframe" else r["plain_cross_device_ops"]
-        print(f"{variant:>11} {reduction:>20} {r['threads']['inter_op']:>5} {r['threads']['intra_op']:>5} | "
-              f"{rate['expframe_1']:>7.0f} {rate['expframe_8']:>7.0f} {rate['plain_1']:>7.0f} "
-              f"{rate['plain_8']:>7.0f} | {ratio['expframe']:>6.3f} {ratio['plain']:>9.3f} | "
-              f"{'':>19} {r['cpu_ratio_8_over_1']['expframe']:>5.2f} {r['cpu_ratio_8_over_1']['plain']:>5.2f}",
-              flush=True)
+    for r in range(args.repeats):
+        for runner, threads in configs:
+            for n in ((1, DEVICES) if r % 2 == 0 else (DEVICES, 1)):
+                record = run_config(args, runner, n, threads)
+                records.append(record)
+                shown = record.get("error") or (f"{record['examples_per_sec']:8.1f} examples/s, "
+                                                f"{record['cpu_us_per_example']:7.0f} CPU us/example, "
+                                                f"threads {record['threads']}")
+                print(f"  repeat {r + 1}: {runner:>8} {threads:>16} x{n}: {shown}", flush=True)
+    rows = summarise(records)
     load_after = os.getloadavg()[0]
-    print(f"examples/s (median); 1-minute load average {load_before:.2f} before, {load_after:.2f} after; "
-          f"{time.time() - started:.0f} s")
+    print(f"\n{'runner':>8} {'threads':>16} | {'ex/s x1':>8} {'ex/s x8':>8} {'8/1':>6} | "
+          f"{'CPU us/ex x1':>12} {'x8':>6} {'8/1':>6}")
+    for row in rows:
+        if "ratio_8_over_1" not in row:
+            print(f"{row['runner']:>8} {row['threads_setting']:>16} | incomplete (see above)")
+            continue
+        one, eight = row[1], row[DEVICES]
+        print(f"{row['runner']:>8} {row['threads_setting']:>16} | {one['examples_per_sec']:>8.1f} "
+              f"{eight['examples_per_sec']:>8.1f} {row['ratio_8_over_1']:>6.3f} | {one['cpu_us_per_example']:>12.0f} "
+              f"{eight['cpu_us_per_example']:>6.0f} {row['cpu_ratio_8_over_1']:>6.2f}")
+    print(f"1-minute load average {load_before:.2f} before, {load_after:.2f} after; {time.time() - started:.0f} s")
     result = {"benchmark": "cpu_replicas", "model": "quickstart (ResNet-8, SyncBatchNorm)",
               "global_batch": GLOBAL_BATCH, "devices": DEVICES, "steps_per_call": args.steps_per_call,
-              "calls": args.calls, "records": records,
+              "calls": args.calls, "repeats": args.repeats, "rows": rows, "records": records,
               "load_average_1min": {"before": load_before, "after": load_after},
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
               "wall_s": round(time.time() - started, 1)}
