@@ -1,6 +1,6 @@
 """Logical CPU replicas: the quickstart at 8 replicas against 1, expframe against a plain loop.
 
-    python benchmarks/cpu_replicas.py            # ~8 minutes on 2 idle cores
+    python benchmarks/cpu_replicas.py            # ~10 minutes on 2 idle cores
     python benchmarks/cpu_replicas.py --quick    # ~3 minutes: expframe and the plain loop, 1 repeat
 
 The quickstart's model (ResNet-8, SyncBatchNorm, stem stride 2, 32x32, 10 classes,
@@ -22,22 +22,43 @@ examples/s (median over calls) and the CPU time per example (all threads of the
 process: what the work costs, much less sensitive than wall time to other work on the
 machine), and for each runner and setting the ratio 8 replicas / 1 replica.
 
+Notes from the measurements: below, and README ("Logical CPU replicas: threads").
+
 Thread settings:
   expframe    what expframe's cpu target sets when it splits the CPU (into 8 devices, also
-              for 1 replica): inter-op threads = max(cores, 2 x devices) = 16, intra-op
-              threads: TensorFlow's default (the cores), or 1 where the replicas are at
-              least as many as the cores (expframe/replicator/targets.py).
-  intra_pool  expframe's inter-op threads with the intra-op pool left at the cores for
-              every replica count (what the cpu target did before).
-  tf_default  TensorFlow's defaults: inter-op = intra-op = the cores (the plain loop's).
+              for 1 replica): inter-op threads = max(cores, 2 x devices) = 16, the
+              intra-op pool at TensorFlow's default (the cores).
+  intra1      expframe's inter-op threads, intra-op pool 1 where the replicas are at least
+              as many as the cores: every op runs on the inter-op thread that picked it
+              up, and the replicas fill the cores side by side (a candidate default).
+  tf_default  TensorFlow's defaults: inter-op = intra-op = the cores (the plain loop's;
+              for expframe: preset before the Replicator, which then keeps them).
   expframe_threads  (plain loop) the plain loop with expframe's thread setting.
+
+The default configurations make a grid that separates the threads from the framework:
+expframe and the plain loop each with its own threads and with the other's
+(`expframe:expframe`, `plain:tf_default`, `expframe:tf_default`,
+`plain:expframe_threads`), then the candidate `expframe:intra1`.
 
 Why 8 logical replicas cannot reach 1: they share the process's one intra-op pool and
 one inter-op pool, on the same cores; a step of 8 x 15 examples is 8 streams of ops on
 small tensors plus the collectives that join them (SyncBatchNorm's moments, the
 gradient all-reduce) where 1 replica runs one stream on 120. The CPU time per example
 measures that overhead; the wall time adds how well the streams fill the cores.
-Notes from the measurements are in README ("Logical CPU replicas: threads").
+The ops columns count it: one host call of 5 steps is ~1,570 ops at 1 replica and
+~23,900 at 8 (~2,840 on the busiest device), and TensorFlow's executor costs about the
+same per op whatever its size, so 8 replicas of 15 examples pay ~15x the per-op cost
+of 1 replica of 120 for the same work: most of the gap, which no thread setting
+measured here closes.
+
+Measured (2 cores, AMD EPYC, `--quick --configs expframe:expframe expframe:intra1
+plain:tf_default`, load average 0.5 at start, 7.6 at the end: other work shared the
+cores, so read the ratios, not the rates): 8/1 = 0.66 for expframe, 0.46 for the plain
+loop on TensorFlow's default threads (0.56 and 0.60 when issue 23 was filed, by an
+earlier version of this benchmark), 0.64 for intra1. intra1 spent 11% less CPU time
+per example at 8 replicas (1,164 against 1,315 us) but was not faster by the clock (743 against 806
+examples/s), so the cpu target keeps TensorFlow's intra-op pool; intra1 stays here as
+the candidate to measure again on a quiet machine.
 
 Needs a quiet machine: the 1-minute load average is recorded before and after.
 Results: a table on stdout and JSON in benchmarks/results/cpu_replicas.json.
@@ -57,8 +78,8 @@ ROOT = os.path.dirname(_HERE)
 RESULTS = os.path.join(_HERE, "results", "cpu_replicas.json")
 GLOBAL_BATCH = 120
 DEVICES = 8
-CONFIGS = (("expframe", "expframe"), ("plain", "tf_default"), ("expframe", "intra_pool"),
-           ("plain", "expframe_threads"))
+CONFIGS = (("expframe", "expframe"), ("plain", "tf_default"), ("expframe", "tf_default"),
+           ("plain", "expframe_threads"), ("expframe", "intra1"))
 QUICK_CONFIGS = CONFIGS[:2]
 
 
@@ -66,15 +87,28 @@ QUICK_CONFIGS = CONFIGS[:2]
 
 def _set_threads(tf, threads: str, replicas: int) -> None:
     cores = os.cpu_count() or 1
-    if threads == "intra_pool":  # expframe's inter-op rule, the intra-op pool at the cores
-        tf.config.threading.set_intra_op_parallelism_threads(cores)
+    if threads == "intra1":  # expframe's inter-op rule, one thread per op once the replicas fill the cores
+        if replicas >= cores:
+            tf.config.threading.set_intra_op_parallelism_threads(1)
     elif threads == "tf_default":
         tf.config.threading.set_inter_op_parallelism_threads(cores)
         tf.config.threading.set_intra_op_parallelism_threads(cores)
     elif threads == "expframe_threads":  # what expframe's cpu target sets for 8 devices
         tf.config.threading.set_inter_op_parallelism_threads(max(cores, 2 * DEVICES))
-        if replicas >= cores:
-            tf.config.threading.set_intra_op_parallelism_threads(1)
+
+
+def graph_ops(concrete) -> dict:
+    """The size of a traced host call: TensorFlow ops in its function bodies (the steps'
+    loop), in total and on the busiest device. An op costs the executor about the same
+    whatever its size, so this counts the per-step overhead that replicas multiply."""
+    per_device = {}
+    for function in concrete.graph.as_graph_def().library.function:
+        for node in function.node_def:
+            device = node.device.rsplit("device:", 1)[-1] if node.device else "unplaced"
+            per_device[device] = per_device.get(device, 0) + 1
+    placed = [count for device, count in per_device.items() if device != "unplaced"]
+    return {"total": sum(per_device.values()), "busiest_device": max(placed, default=0),
+            "unplaced": per_device.get("unplaced", 0)}
 
 
 def worker(args) -> None:
@@ -113,6 +147,8 @@ def worker(args) -> None:
         trainer = Trainer(train_steps=10 ** 9, global_batch_size=GLOBAL_BATCH)
         trainer.prepare(expframe.Replicator("cpu", n), task, seed=0, deterministic=False)
         call = lambda k: trainer.run_train_steps(k)["loss"]  # noqa: E731
+        traced = lambda k: trainer.rep._step_loops[task.train_step].get_concrete_function(  # noqa: E731
+            trainer.train_iterator, tf.constant(k, tf.int32))  # pylint: disable=protected-access
     else:
         physical = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(physical, [tf.config.LogicalDeviceConfiguration()] * DEVICES)
@@ -121,10 +157,12 @@ def worker(args) -> None:
         with strategy.scope():
             net, opt = model(), keras.optimizers.Adam(2e-3)
         call = handwritten.handwritten_loop(strategy, net, opt, dataset, GLOBAL_BATCH, 10)
+        traced = call.traced
     threads = {"inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
                "intra_op": tf.config.threading.get_intra_op_parallelism_threads()}
     for _ in range(2):  # trace, then once more untimed
         call(args.steps_per_call)
+    ops = graph_ops(traced(args.steps_per_call))
     wall, cpu = [], []
     for _ in range(args.calls):
         start, start_cpu = time.perf_counter(), time.process_time()
@@ -135,7 +173,7 @@ def worker(args) -> None:
             raise RuntimeError(f"loss {loss}")
     examples = args.steps_per_call * GLOBAL_BATCH
     print("RESULT " + json.dumps({
-        "runner": args.runner, "replicas": n, "threads_setting": args.threads, "threads": threads,
+        "runner": args.runner, "replicas": n, "threads_setting": args.threads, "threads": threads, "graph_ops": ops,
         "examples_per_sec": examples / statistics.median(wall),
         "cpu_us_per_example": 1e6 * statistics.median(cpu) / examples, "wall_s": wall, "cpu_s": cpu}), flush=True)
 
@@ -171,7 +209,7 @@ def summarise(records: list) -> list:
             if mine:
                 row[n] = {"examples_per_sec": statistics.median(r["examples_per_sec"] for r in mine),
                           "cpu_us_per_example": statistics.median(r["cpu_us_per_example"] for r in mine),
-                          "threads": mine[0]["threads"]}
+                          "threads": mine[0]["threads"], "graph_ops": mine[0].get("graph_ops")}
         if 1 in row and DEVICES in row:
             row["ratio_8_over_1"] = row[DEVICES]["examples_per_sec"] / row[1]["examples_per_sec"]
             row["cpu_ratio_8_over_1"] = row[DEVICES]["cpu_us_per_example"] / row[1]["cpu_us_per_example"]
@@ -186,11 +224,11 @@ def main(argv=None) -> int:
     parser.add_argument("--runner", choices=("expframe", "plain"), default="expframe")
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--threads", default="expframe",
-                        choices=("expframe", "intra_pool", "tf_default", "expframe_threads"))
+                        choices=("expframe", "intra1", "tf_default", "expframe_threads"))
     parser.add_argument("--steps_per_call", type=int, default=None)
     parser.add_argument("--calls", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--configs", nargs="+", default=None, help="runner:threads pairs, e.g. expframe:intra_pool")
+    parser.add_argument("--configs", nargs="+", default=None, help="runner:threads pairs, e.g. expframe:intra1")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
@@ -220,7 +258,7 @@ def main(argv=None) -> int:
     rows = summarise(records)
     load_after = os.getloadavg()[0]
     print(f"\n{'runner':>8} {'threads':>16} | {'ex/s x1':>8} {'ex/s x8':>8} {'8/1':>6} | "
-          f"{'CPU us/ex x1':>12} {'x8':>6} {'8/1':>6}")
+          f"{'CPU us/ex x1':>12} {'x8':>6} {'8/1':>6} | {'ops/call x1':>11} {'x8':>6} {'x8 busiest':>10}")
     for row in rows:
         if "ratio_8_over_1" not in row:
             print(f"{row['runner']:>8} {row['threads_setting']:>16} | incomplete (see above)")
@@ -228,7 +266,9 @@ def main(argv=None) -> int:
         one, eight = row[1], row[DEVICES]
         print(f"{row['runner']:>8} {row['threads_setting']:>16} | {one['examples_per_sec']:>8.1f} "
               f"{eight['examples_per_sec']:>8.1f} {row['ratio_8_over_1']:>6.3f} | {one['cpu_us_per_example']:>12.0f} "
-              f"{eight['cpu_us_per_example']:>6.0f} {row['cpu_ratio_8_over_1']:>6.2f}")
+              f"{eight['cpu_us_per_example']:>6.0f} {row['cpu_ratio_8_over_1']:>6.2f} | "
+              f"{one['graph_ops']['total']:>11} {eight['graph_ops']['total']:>6} "
+              f"{eight['graph_ops']['busiest_device']:>10}")
     print(f"1-minute load average {load_before:.2f} before, {load_after:.2f} after; {time.time() - started:.0f} s")
     result = {"benchmark": "cpu_replicas", "model": "quickstart (ResNet-8, SyncBatchNorm)",
               "global_batch": GLOBAL_BATCH, "devices": DEVICES, "steps_per_call": args.steps_per_call,

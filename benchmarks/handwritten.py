@@ -46,7 +46,8 @@ def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optim
                      per_replica_dataset: Callable[[int], tf.data.Dataset], global_batch: int,
                      num_classes: int, jit_compile: bool = False) -> Callable[[int], float]:
     """Returns call(k): k training steps in one tf.function call; the mean loss of the last.
-    With `jit_compile`, the per-replica step is compiled with XLA."""
+    With `jit_compile`, the per-replica step is compiled with XLA. `call.traced(k)` is the
+    traced host call (its concrete function)."""
     num_replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         optimizer.build(model.trainable_variables)
@@ -73,4 +74,8 @@ def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optim
             loss = strategy.run(step, args=(next(iterator),))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
 
-    return lambda k: float(loop(iterator, tf.constant(k, tf.int32)))
+    def call(k: int) -> float:
+        return float(loop(iterator, tf.constant(k, tf.int32)))
+
+    call.traced = lambda k: loop.get_concrete_function(iterator, tf.constant(k, tf.int32))  # for graph sizes
+    return call

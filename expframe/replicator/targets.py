@@ -26,11 +26,8 @@ _CPU_DEVICES_ENV = "EXPFRAME_CPU_DEVICES"
 _DEFAULT_CPU_DEVICES = 8
 
 
-def cpu_devices(num_replicas: int, replicas_in_use: bool = True) -> list:
+def cpu_devices(num_replicas: int) -> list:
     """Returns the names of `num_replicas` logical CPU devices, splitting the CPU once.
-
-    `replicas_in_use`: the split is for a Replicator of `num_replicas` replicas (its
-    count sizes the intra-op pool), not an explicit `split_cpu`.
 
     Raises:
       ConfigError: the runtime already started with fewer logical CPUs than asked.
@@ -49,10 +46,6 @@ def cpu_devices(num_replicas: int, replicas_in_use: bool = True) -> list:
             # in 75 s with 16 threads.
             if tf.config.threading.get_inter_op_parallelism_threads() == 0:
                 tf.config.threading.set_inter_op_parallelism_threads(max(os.cpu_count() or 1, 2 * wanted))
-            intra = intra_op_threads(num_replicas if replicas_in_use else 0, _cores(), os.environ,
-                                     tf.config.threading.get_intra_op_parallelism_threads())
-            if intra is not None:
-                tf.config.threading.set_intra_op_parallelism_threads(intra)
         except RuntimeError:
             pass  # Runtime already initialised: we get whatever devices exist.
     logical = tf.config.list_logical_devices("CPU")
@@ -65,36 +58,12 @@ def cpu_devices(num_replicas: int, replicas_in_use: bool = True) -> list:
     return [d.name for d in logical[:num_replicas]]
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def intra_op_threads(num_replicas: int, cores: int, environ, current: int) -> Optional[int]:
-    """The intra-op pool size to set when the CPU is split for `num_replicas` replicas
-    (0: an explicit split_cpu), or None to leave TensorFlow's.
-
-    With at least as many replicas as cores, the replicas' op streams fill the cores
-    side by side, each op on the inter-op thread that runs it; an intra-op pool would
-    split their small ops over the same cores again. Measured on the quickstart model
-    at 8 replicas of 2 cores: 1,540 instead of 2,030 CPU microseconds per example
-    (benchmarks/cpu_replicas.py; README, "Logical CPU replicas: threads"). Fewer
-    replicas than cores keep TensorFlow's pool (one op may use several cores), and so
-    does a pool size the user set (TF_NUM_INTRAOP_THREADS, or the threading API:
-    `current` != 0)."""
-    if num_replicas and num_replicas >= cores and "TF_NUM_INTRAOP_THREADS" not in environ and current == 0:
-        return 1
-    return None
-
-
 def split_cpu(num_devices: int) -> None:
     """Splits the CPU into `num_devices` logical devices now (call before any TF op)."""
     physical = tf.config.list_physical_devices("CPU")[0]
     if tf.config.get_logical_device_configuration(physical) is None:
         os.environ[_CPU_DEVICES_ENV] = str(num_devices)
-    cpu_devices(num_devices, replicas_in_use=False)
+    cpu_devices(num_devices)
 
 
 def _cpu_strategy(num_replicas: Optional[int]) -> tf.distribute.Strategy:
