@@ -28,7 +28,6 @@ stdout and JSON in benchmarks/results/auto_choices.json.
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from typing import Callable, Dict
@@ -44,6 +43,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from expframe import provenance  # noqa: E402
 from expframe.layers import SyncBatchNorm  # noqa: E402
 from expframe.models.resnet import resnet  # noqa: E402
 from expframe.replicator import autotune, probes  # noqa: E402
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     print(f"1-minute load average {load_start:.2f} at start, {load_end:.2f} at end; {time.time() - started:.0f} s")
     result = {"benchmark": "auto_choices", "device": model, "tensorflow": tf.__version__, "repeats": repeats,
               "rows": rows, "load_average_1min": {"start": load_start, "end": load_end},
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+              "machine": provenance.machine(),
               "wall_s": round(time.time() - started, 1)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:

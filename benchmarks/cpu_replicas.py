@@ -67,7 +67,6 @@ Results: a table on stdout and JSON in benchmarks/results/cpu_replicas.json.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -241,6 +240,9 @@ def main(argv=None) -> int:
     configs = QUICK_CONFIGS if args.quick else CONFIGS
     if args.configs:
         configs = [tuple(c.split(":")) for c in args.configs]
+    sys.path.insert(0, ROOT)
+    from expframe import provenance  # pylint: disable=import-outside-toplevel  (no TensorFlow)
+
     load_before, started = os.getloadavg()[0], time.time()
     print(f"quickstart model, global batch {GLOBAL_BATCH}, {args.steps_per_call} steps per call, {args.calls} "
           f"calls per process, {args.repeats} repeat(s); {os.cpu_count()} CPUs, load average {load_before:.2f}",
@@ -274,7 +276,7 @@ def main(argv=None) -> int:
               "global_batch": GLOBAL_BATCH, "devices": DEVICES, "steps_per_call": args.steps_per_call,
               "calls": args.calls, "repeats": args.repeats, "rows": rows, "records": records,
               "load_average_1min": {"before": load_before, "after": load_after},
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+              "machine": provenance.machine(),
               "wall_s": round(time.time() - started, 1)}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:

@@ -3,6 +3,7 @@ with 1 and 2 actor processes, and the time an actor waits for weights, in one ru
 
     python benchmarks/d4pg_throughput.py            # ~4 minutes on 2 cores
     python benchmarks/d4pg_throughput.py --quick    # ~2 minutes
+    python benchmarks/d4pg_throughput.py --smoke    # that it runs: numbers meaningless
 
 Learner: `main.py` on experiments/d4pg_control.gin (Acme's networks, batch 256),
 acting in the learner's process, `Replicator.num_replicas` 1 and 2; the task's
@@ -13,7 +14,8 @@ cartpole/balance, `weights_every` 100) against a `LearnerService` in this proces
 with no insert limit and weights republished every 0.1 s (a busy learner); each
 actor writes its acting time and its time in weight fetches at exit. Environment
 steps/s is the sum over actors of steps / wall time of the window.
-Results: a table on stdout and JSON in `benchmarks/results/d4pg_throughput[_quick].json`.
+Results: a table on stdout and JSON in `benchmarks/results/d4pg_throughput[_quick].json`
+(or `--out`).
 """
 
 import argparse
@@ -39,7 +41,7 @@ def learner_rate(replicas: int, steps: int, tmp: str, extra_params=()) -> float:
               f"Trainer.log_every_steps = {steps}", "Trainer.eval_every_steps = None",
               f"Trainer.checkpoint_every_steps = {steps}", "D4PGTask.min_replay_size = 1000", *extra_params]
     cmd = [sys.executable, os.path.join(ROOT, "main.py"), "--gin_file=experiments/d4pg_control.gin",
-           f"--model_dir={model_dir}"] + [f"--gin_param={p}" for p in params]
+           f"--model_dir={model_dir}", "--mode=train"] + [f"--gin_param={p}" for p in params]  # no final eval
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"learner run failed:\n{done.stderr[-3000:]}")
@@ -94,8 +96,10 @@ def actor_rates(num_actors: int, seconds: float, tmp: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, a shorter acting window")
+    parser.add_argument("--smoke", action="store_true", help="20 learner steps, a 1 s window: that it runs")
+    parser.add_argument("--out", default=None, help="the JSON file (default benchmarks/results/...)")
     args = parser.parse_args()
-    steps, seconds = (200, 15.0) if args.quick else (600, 40.0)
+    steps, seconds = (20, 1.0) if args.smoke else (200, 15.0) if args.quick else (600, 40.0)
     # Other jobs on the machine slow both sides of every ratio; the load says how busy it was.
     results = {"cpu": cpu_name(), "cores": os.cpu_count(), "quick": args.quick,
                "load_average_at_start": round(os.getloadavg()[0], 2), "learner": {}, "actors": {}}
@@ -117,7 +121,9 @@ def main() -> None:
           f"{a2['weight_wait_ms_per_fetch']:>12.1f}")
     print(f"{'time in weight fetches (fraction)':<34}{a1['weight_wait_fraction']:>12.3f}"
           f"{a2['weight_wait_fraction']:>12.3f}")
-    out = os.path.join(ROOT, "benchmarks", "results", f"d4pg_throughput{'_quick' if args.quick else ''}.json")
+    out = args.out or os.path.join(ROOT, "benchmarks", "results",
+                                   f"d4pg_throughput{'_quick' if args.quick or args.smoke else ''}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out + ".tmp", "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     os.replace(out + ".tmp", out)

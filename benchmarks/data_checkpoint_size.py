@@ -2,6 +2,7 @@
 
     python benchmarks/data_checkpoint_size.py            # the real configuration, ~5 min on 2 cores
     python benchmarks/data_checkpoint_size.py --quick    # small images and batch, ~1 min
+    python benchmarks/data_checkpoint_size.py --smoke    # that it runs: numbers meaningless
 
 The configuration is `experiments/resnet50_imagenet.gin`'s: `imagenet_input` train split,
 224x224 float32 images, global batch 1024, the 10,000-example shuffle buffer; the
@@ -27,7 +28,7 @@ Mock JPEGs are tiny (a few dozen pixels a side, ~1.7 kB); ImageNet's train JPEGs
 buffer's share is extrapolated by replacing the measured mean mock JPEG size with that
 (decoded batches are 224x224 whatever the source, so their share is measured as is).
 
-Results: a table on stdout and JSON in `benchmarks/results/data_checkpoint_size.json`.
+Results: a table on stdout and JSON in `benchmarks/results/data_checkpoint_size.json` (or `--out`).
 """
 
 import argparse
@@ -127,8 +128,13 @@ def measure(num_replicas: int, config: dict, workdir: str) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="64x64 images, batch 64, buffer 1,000")
+    parser.add_argument("--smoke", action="store_true", help="32x32 images, batch 8, buffer 64: that it runs")
+    parser.add_argument("--out", default=None, help="the JSON file (default benchmarks/results/...)")
     args = parser.parse_args()
-    if args.quick:
+    if args.smoke:
+        config = {"global_batch": 8, "image_size": 32, "shuffle_buffer": 64, "mock_examples": 128,
+                  "steps": 2, "settle_s": 0.2}
+    elif args.quick:
         config = {"global_batch": 64, "image_size": 64, "shuffle_buffer": 1_000, "mock_examples": 2_000,
                   "steps": 2, "settle_s": 2.0}
     else:
@@ -147,8 +153,8 @@ def main():
                   flush=True)
     out = {"benchmark": "data_checkpoint_size", "cpu": cpu_name(), "config": config,
            "imagenet_mean_jpeg_bytes": round(IMAGENET_MEAN_JPEG), "rows": rows}
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    name = RESULTS.replace(".json", "_quick.json") if args.quick else RESULTS
+    name = args.out or (RESULTS.replace(".json", "_quick.json") if args.quick or args.smoke else RESULTS)
+    os.makedirs(os.path.dirname(os.path.abspath(name)), exist_ok=True)
     with open(name + ".tmp", "w", encoding="utf-8") as f:
         json.dump(out, f, indent=2)
     os.replace(name + ".tmp", name)

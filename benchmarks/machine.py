@@ -1,15 +1,14 @@
-"""What every benchmark records about the machine it ran on (results compare only within one run)."""
+"""What every benchmark records about the machine it ran on (results compare only within one run).
 
-import platform
+The same description every run records (`expframe.provenance`): CPU model, cores,
+AVX-512 and native bfloat16, load average.
+"""
 
+import os
+import sys
 
-def cpu_name() -> str:
-    """The CPU's model name (from /proc/cpuinfo), else what `platform` knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's expframe
+
+from expframe.provenance import cpu_name, load_average, machine  # noqa: E402
+
+__all__ = ["cpu_name", "load_average", "machine"]

@@ -2,6 +2,7 @@
 
     python benchmarks/model_parallel.py            # ViT widths 64 and 256, 30 timed steps each
     python benchmarks/model_parallel.py --quick    # 5 timed steps
+    python benchmarks/model_parallel.py --smoke    # width 16, 1 step: that it runs
 
 For the ViT of experiments/vit_shapes_mesh.gin (32x32 images, its replicated conv
 stem of 16, 32, 64 channels, a 4x4 token grid, depth 2, MLP 2x width) at two widths,
@@ -10,10 +11,12 @@ over the same 4 logical CPU devices: the bytes of parameters and of MeshAdam's s
 that ONE device holds (read from its shards), and training examples/s at global
 batch 64 (median of timed steps after two warm-up steps). The meshes are timed one
 after another in the same process, so the ratios compare like
-with like; the absolute rates depend on the machine's load.
+with like; the absolute rates depend on the machine's load. A table on stdout, and JSON
+with `--out`.
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -77,19 +80,31 @@ def measure(width: int, batch: int, model: int, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 timed steps per configuration")
-    steps = 5 if parser.parse_args().quick else 30
+    parser.add_argument("--smoke", action="store_true", help="width 16, 1 timed step: that it runs (seconds)")
+    parser.add_argument("--out", default=None, help="also write the table as JSON here")
+    args = parser.parse_args()
+    steps = 1 if args.smoke else 5 if args.quick else 30
+    widths = (16,) if args.smoke else WIDTHS
     print(f"{cpu_name()}, {os.cpu_count()} cores; 4 logical CPU devices; global batch {BATCH}; "
           f"median of {steps} steps")
     print(f"{'width':>5} {'mesh':>5} {'params/device':>14} {'slots/device':>13} {'examples/s':>11} "
           f"{'vs 4x1':>7}")
-    for width in WIDTHS:
+    rows = []
+    for width in widths:
         base = None
         for batch, model in MESHES:
             r = measure(width, batch, model, steps)
             base = base or r["examples_per_s"]
+            rows.append(dict(r, width=width, mesh=f"{batch}x{model}", vs_4x1=r["examples_per_s"] / base))
             print(f"{width:>5} {batch}x{model:<3} {r['params_bytes'] / 1024:>11.1f} KB "
                   f"{r['slot_bytes'] / 1024:>10.1f} KB {r['examples_per_s']:>11.1f} "
                   f"{r['examples_per_s'] / base:>6.2f}x", flush=True)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"benchmark": "model_parallel", "cpu": cpu_name(), "cores": os.cpu_count(), "batch": BATCH,
+                       "steps": steps, "rows": rows}, f, indent=2)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

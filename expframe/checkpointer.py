@@ -89,8 +89,18 @@ class Checkpointer:
 
     def _read(self, path: str) -> Optional[str]:
         """Restores `path`; returns None, or why it could not be read (one line)."""
+        mismatch = shape_mismatches(self.checkpoint, path)
+        if mismatch:
+            name, saved, now = mismatch[0]
+            more = f" (and {len(mismatch) - 1} more variable(s))" if len(mismatch) > 1 else ""
+            raise ConfigError(
+                f"the checkpoint {path} does not fit this experiment's model: {name} has shape {saved} in the "
+                f"checkpoint and {now} in the model{more}; resume with the config it was written with, or use a "
+                "new --model_dir.")
         try:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
+            status = self.checkpoint.restore(path)
+            status.expect_partial()  # what does not match is reported below, not in warnings at exit
+            status.assert_existing_objects_matched()
         except Exception as e:  # noqa: BLE001  (any failure to read is reported, never taken for none)
             text = str(e)
             if "not found in checkpoint" in text or "Unresolved object" in text:
@@ -140,6 +150,39 @@ class Checkpointer:
             print(f"expframe: {worker} restored step {target}, the newest that every worker reads "
                   f"(it had read step {step})", flush=True)
         return target
+
+
+def shape_mismatches(checkpoint: tf.train.Checkpoint, path: str) -> List[Tuple[str, tuple, tuple]]:
+    """(variable, shape in the checkpoint, shape now) of every variable of `checkpoint`'s
+    objects whose saved value at `path` has another shape: a model changed between the
+    run that wrote `path` and this one (model variables first). Read from the checkpoint's
+    object graph and shapes only; nothing is restored. Empty if `path` cannot be read
+    (restoring it then reports why)."""
+    try:
+        view = tf.train.CheckpointView(path)
+        saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+        paths, queue = {0: ""}, [0]
+        while queue:  # each node's path from the root, as in the checkpoint's keys
+            node = queue.pop(0)
+            for name, child in view.children(node).items():
+                if child not in paths:
+                    paths[child] = f"{paths[node]}/{name}".lstrip("/")
+                    queue.append(child)
+        matched = view.match(checkpoint)
+    except Exception:  # noqa: BLE001  (unreadable: restore() says why)
+        return []
+    found = []
+    for node, obj in matched.items():
+        key = f"{paths.get(node, '')}/.ATTRIBUTES/VARIABLE_VALUE"
+        shape = getattr(obj, "shape", None)
+        if key not in saved or shape is None or not isinstance(obj, tf.Variable) and not hasattr(obj, "assign"):
+            continue
+        now = tuple(tf.TensorShape(shape).as_list())
+        if tuple(saved[key]) != now:
+            label = getattr(obj, "path", None) or getattr(obj, "name", None) or paths[node]
+            found.append((paths[node], f"'{label}' ({paths[node]})", tuple(saved[key]), now))
+    found.sort(key=lambda f: (not f[0].startswith("model"), f[0]))
+    return [f[1:] for f in found]
 
 
 def checkpoints_in(directory: str) -> List[Tuple[int, str]]:

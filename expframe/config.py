@@ -6,20 +6,22 @@ the TF/Keras symbols are registered here under the module names users type
 (`@keras.optimizers.SGD`, `@SGD` for short).
 """
 
+import contextlib
 import difflib
 import os
 import re
-from typing import Optional, Sequence
+import tokenize
+from typing import List, Optional, Sequence
 
 import gin
 import keras
 
+from expframe import gin_paths
 from expframe.errors import ConfigError
 
 _KERAS_OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Lion")
 _KERAS_SCHEDULES = ("PiecewiseConstantDecay", "CosineDecay", "ExponentialDecay", "PolynomialDecay")
 _registered = False
-_search_paths = set()
 
 
 def register_symbols() -> None:
@@ -68,15 +70,49 @@ def _configurable_names():
     return names
 
 
-def _explain(error: Exception, where: str) -> str:
-    """Turns gin's multi-line error into one line with a suggestion."""
+_LOCATION = re.compile(r'In file "([^"]+)", line (\d+)\n\s*(.*)')
+_IMPORT_STATEMENT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+)?import\s+([\w.]+)")
+
+
+def _explain(error: Exception, where: str, error_file: Optional[str] = None) -> str:
+    """Turns gin's multi-line error into one line naming the file and line, with a suggestion.
+
+    Args:
+      error: what gin raised.
+      where: the flag it came from (`--gin_file=...`, `--gin_param=...`).
+      error_file: the innermost gin file being read when it was raised, if any.
+    """
     text = str(error)
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    location = _LOCATION.search(text)
+    if isinstance(error, SyntaxError) and not isinstance(error, ConfigError):
+        line = f"`{error.text.strip()}`" if error.text and error.text.strip() else ""
+        place = f"{error.filename or error_file or where}:{error.lineno}" if error.lineno else where
+        return f"{place}: gin syntax error: {error.msg.rstrip('.')}{' in ' + line if line else ''}."
+    if isinstance(error, tokenize.TokenError):
+        line = error.args[1][0] if len(error.args) > 1 else None
+        place = f"{error_file}:{line}" if error_file and line else (error_file or where)
+        return f"{place}: gin syntax error: {error.args[0]}; close every bracket and string."
+    if location:
+        where = f"{location.group(1)}:{location.group(2)}"
+    if isinstance(error, ModuleNotFoundError) and not isinstance(error, ConfigError):
+        statement = _IMPORT_STATEMENT.match(location.group(3)) if location else None
+        module = (statement.group(2) if statement and not statement.group(1) else
+                  statement.group(1) if statement else getattr(error, "name", None) or "?")
+        original = error  # gin re-raises a proxy without `name`; the original is its context
+        while original is not None and getattr(original, "name", None) is None:
+            original = original.__context__
+        missing = getattr(original, "name", None) or module
+        return gin_paths.missing_module_error(module, missing,
+                                              location.group(1) if location else None,
+                                              int(location.group(2)) if location else None)
+    if isinstance(error, ConfigError):
+        return first
     missing = re.search(r"No configurable matching '([^']+)'", text)
     if missing:
         return (f"{where}: unknown configurable '{missing.group(1)}'"
                 f"{_suggest(missing.group(1), _configurable_names())} "
-                "(see `python main.py --helpfull` and the gin files under experiments/).")
+                "(see `python main.py --list_configurables`, and import the module that defines it).")
     param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", text)
     if param:
         configurable, parameter = param.groups()
@@ -146,37 +182,85 @@ def config_error_from(error: Exception) -> Optional[ConfigError]:
                        f"check the type and value of its bindings.")
 
 
+class _GinFiles:
+    """Gin's file reader for expframe (registered first): finds each file and include as
+    `expframe.gin_paths` says, and puts the folder of a gin file that imports Python
+    modules on `sys.path`."""
+
+    def __init__(self):
+        self.stack: List[str] = []  # the files being read, innermost last
+        self.error_file: Optional[str] = None
+
+    def exists(self, path: str) -> bool:  # pylint: disable=unused-argument
+        return True  # `open` resolves it, or raises a ConfigError naming where it looked
+
+    @contextlib.contextmanager
+    def open(self, path: str):
+        if self.stack:
+            resolved = gin_paths.resolve(path, self.stack[-1])
+        else:  # an absolute --gin_file (parse resolved it), or an include in a --gin_param
+            resolved = gin_paths.resolve(path, what=f"include '{path}' in --gin_param")
+        with open(resolved, encoding="utf-8") as f:
+            if any(_IMPORT_STATEMENT.match(line) for line in f):
+                gin_paths.add_module_dir(os.path.dirname(resolved))
+            f.seek(0)
+            self.stack.append(resolved)
+            try:
+                yield f
+            except BaseException:
+                self.error_file = self.error_file or resolved
+                raise
+            finally:
+                self.stack.pop()
+
+
+_FILES = _GinFiles()
+
+
+def _install_reader() -> None:
+    """Puts `_FILES` first among gin's file readers (before `open`, and before gin's
+    package-resource reader, which fails on a namespace package such as `experiments`)."""
+    readers = gin.config._FILE_READERS  # pylint: disable=protected-access
+    entry = (_FILES.open, _FILES.exists)
+    if readers and readers[0] == entry:
+        return
+    if entry in readers:
+        readers.remove(entry)
+    readers.insert(0, entry)
+
+
 def parse(gin_files: Sequence[str], gin_params: Sequence[str]) -> str:
     """Parses gin files then bindings; returns the config text 'as given'.
 
+    Files, includes and imported modules are found as `expframe.gin_paths` says (any
+    working directory; shipped experiments by name).
+
     Raises:
       ConfigError: a missing file, a syntax error, an unknown configurable or
-        parameter, each in one line naming the file or binding.
+        parameter, a module that cannot be imported, each in one line naming the
+        file and line, or the binding.
     """
     register_symbols()
+    _install_reader()
     gin.clear_config()
+    for folder in reversed(gin_paths.search_path()):
+        gin_paths.add_module_dir(folder)
     given = []
     for path in gin_files:
-        if not os.path.isfile(path):
-            raise ConfigError(f"--gin_file={path}: no such file (experiments are under experiments/).")
-        # `include 'experiments/targets/cpu.gin'` resolves from the working directory,
-        # the file's own directory, and the directory above experiments/.
-        here = os.path.dirname(os.path.abspath(path))
-        for directory in (here, os.path.dirname(here)):
-            if directory not in _search_paths:
-                _search_paths.add(directory)
-                gin.add_config_file_search_path(directory)
+        resolved = gin_paths.resolve(path)
+        _FILES.error_file = None
         try:
-            gin.parse_config_file(path)
+            gin.parse_config_file(resolved)
         except Exception as e:  # gin raises many types; all are the user's config.
-            raise ConfigError(_explain(e, path)) from None
-        with open(path, encoding="utf-8") as f:
+            raise ConfigError(_explain(e, f"--gin_file={path}", _FILES.error_file)) from None
+        with open(resolved, encoding="utf-8") as f:
             given.append(f"# --gin_file={path}\n{f.read().rstrip()}\n")
     for binding in gin_params:
+        _FILES.error_file = None
         try:
             gin.parse_config(binding)
         except Exception as e:  # pylint: disable=broad-except
-            raise ConfigError(_explain(e, f"--gin_param={binding!r}")) from None
+            raise ConfigError(_explain(e, f"--gin_param={binding!r}", _FILES.error_file)) from None
         given.append(f"# --gin_param\n{binding}\n")
     return "\n".join(given)
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from expframe.data import masked
 from expframe.errors import ConfigError, RunError
-from expframe.tasks.base import Task
+from expframe.tasks.base import Task, check_step_output, contract_error
 
 _REAL = "_real_examples"
 
@@ -69,7 +69,12 @@ class Evaluator:
             iterator = rep.distribute(lambda _: batches).plain_iterator()
         totals, steps = {}, 0
         while True:  # a full pass ends at the first step without a real example on any replica
-            sums = {k: float(v) for k, v in self._eval_step(rep.step_input(iterator)).items()}
+            try:
+                sums = {k: float(v) for k, v in self._eval_step(rep.step_input(iterator)).items()}
+            except Exception as e:  # noqa: BLE001  (re-raised: the contract's one line, or as it came)
+                if contract_error(self.task, e) is e:
+                    raise
+                raise contract_error(self.task, e) from None
             if full_pass and sums[_REAL] == 0:
                 break
             totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
@@ -89,7 +94,10 @@ class Evaluator:
     def _eval_body(self, iterator):
         """One eval step on every replica: the task's sums plus the real example count."""
         def step(batch):
-            out = dict(self.task.eval_step(batch))
+            out = dict(check_step_output(
+                self.task, "eval_step", self.task.eval_step(batch), "count",
+                "an eval step returns a dict of per-replica sums, each example weighted by batch['mask'], "
+                "with the key 'count' (the sum of the mask)"))
             out[_REAL] = tf.reduce_sum(tf.cast(batch[masked.MASK], tf.float32))
             return out
 

@@ -7,7 +7,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe import config
+from expframe import config, provenance
 from expframe.errors import ConfigError
 from expframe.replicator import Replicator, auto_settings
 from expframe.run_files import RunFiles
@@ -20,9 +20,18 @@ PRECISIONS = auto_settings.PRECISIONS
 
 def _precision_for(precision: str, replicator: Replicator) -> str:
     """The Keras policy: as bound, or for 'auto' the fastest measured on this machine
-    (`Replicator.fastest_precision`; mixed_bfloat16 on a TPU)."""
+    (`Replicator.fastest_precision`; mixed_bfloat16 on a TPU, float32 on a mesh)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"run_experiment.precision={precision!r}: use one of {', '.join(PRECISIONS)}.")
+    if replicator.target == "mesh" and precision.startswith("mixed"):
+        # The tensor-parallel layers are tf.Modules of float32 DTensor variables: Keras'
+        # dtype policy does not reach them, so the run would silently stay float32.
+        raise ConfigError(
+            f"run_experiment.precision={precision!r} is not available on Replicator.target='mesh': its "
+            "tensor-parallel layers compute in float32 and would ignore it; use run_experiment.precision='float32' "
+            "(or 'auto').")
+    if precision == "auto" and replicator.target == "mesh":
+        return "float32"  # the only precision the mesh's layers compute in
     return replicator.fastest_precision() if precision == "auto" else precision
 
 
@@ -74,7 +83,7 @@ def _check_config_unchanged(model_dir: str, config_text: str, parsed_config: str
 @gin.configurable
 def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: str = "",
                    allow_config_change: bool = False, task: Task = gin.REQUIRED, seed: int = 0,
-                   deterministic: bool = False, precision: str = "float32") -> dict:
+                   deterministic: bool = False, precision: str = "float32", dry_run: bool = False) -> dict:
     """Runs one experiment as configured by gin; returns the result dict.
 
     Args:
@@ -87,6 +96,10 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
       deterministic: op determinism (same weights on rerun and on resume).
       precision: 'float32', 'mixed_bfloat16', 'mixed_float16' or 'auto' (measured: the fastest
         on this machine, cached; see expframe/replicator/auto_settings.py).
+      dry_run: build everything a run builds before its first step (Replicator, Trainer,
+        the task's model, optimizer and input pipelines), check a resume (the config
+        and the checkpoint's shapes, read only), then return without training or
+        writing anything into model_dir: {"dry_run": True, "step", "parsed_config", ...}.
     """
     if mode not in MODES:
         raise ConfigError(f"--mode={mode!r}: use one of {', '.join(MODES)}.")
@@ -106,15 +119,26 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     parsed_config = gin.config_str()
     if not allow_config_change:
         _check_config_unchanged(model_dir, config_text, parsed_config)
+    if dry_run:
+        step = trainer.restore(os.path.join(model_dir, "checkpoints"))  # reads only
+        if mode == "eval" and step == 0:
+            raise ConfigError(f"--mode=eval but {model_dir}/checkpoints holds no checkpoint; train first.")
+        return {"dry_run": True, "step": step, "parsed_config": parsed_config, "target": replicator.target,
+                "num_replicas": replicator.num_replicas, "global_batch_size": trainer.global_batch_size,
+                "train_steps": trainer.train_steps}
     out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
     try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
         if mode == "eval" and step == 0:
             raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
+        if mode != "eval" and step < trainer.train_steps:
+            trainer.trace()  # errors found only while tracing the step also leave the model_dir untouched
         out.start(config_text, step, parsed_config)
     except BaseException:
         out.close()  # a non-chief worker's private directory
         raise
+    started = provenance.record()
+    out.log_provenance(step, started)  # every start: commit, versions, machine, load
     if step:
         out.progress(f"resuming from step {step} ({out.checkpoint_dir})")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "
@@ -128,7 +152,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
             return summary
         result = {"step": summary["step"], "target": replicator.target, "num_replicas": replicator.num_replicas,
                   "global_batch_size": trainer.global_batch_size, "eval": summary["eval"],
-                  "wall_time_s": round(summary["wall_time_s"], 3)}
+                  "wall_time_s": round(summary["wall_time_s"], 3), "provenance": provenance.finished(started)}
         out.write_result(result)
         return result
     finally:

@@ -17,6 +17,8 @@ import tensorflow as tf
 
 from expframe.errors import RunError
 
+PROVENANCE = "provenance"  # the split of metrics.jsonl's provenance records
+
 
 def atomic_write(path: str, text: str) -> None:
     directory = os.path.dirname(path) or "."
@@ -101,6 +103,17 @@ class RunFiles:
             for name, value in metrics.items():
                 tf.summary.scalar(name, value)
         writer.flush()
+
+    def log_provenance(self, step: int, record: Dict) -> None:
+        """Appends `{"step": step, "split": "provenance", ...record}` to metrics.jsonl: what
+        this process runs (commit, versions, machine, load; `expframe.provenance`). One per
+        process start, so a resumed run has one per start, each at the step it resumed
+        from. Readers of metrics take splits by name ("train", "eval") and skip this one;
+        it is not a TensorBoard scalar."""
+        if not self.is_chief:
+            return
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": int(step), "split": PROVENANCE, **record}) + "\n")
 
     def progress(self, line: str) -> None:
         if self.is_chief:

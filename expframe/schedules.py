@@ -1,4 +1,4 @@
-"""Learning-rate schedules for large-batch training.
+"""Learning-rate schedules: large-batch warm-up, and constant-then-linear decay.
 
 `WarmupSchedule` is the recipe of Goyal et al. 2017 ("Accurate, Large Minibatch SGD:
 Training ImageNet in 1 Hour"): the linear scaling rule, a gradual warm-up, then a
@@ -27,6 +27,20 @@ Example (ResNet-50, batch 1024 from the trainer, 90 epochs of 1,281,167 images):
     WarmupSchedule.warmup_epochs = 5
     SGD.learning_rate = @WarmupSchedule()
 Outside a run, give both: `WarmupSchedule(global_batch_size=1024, steps_per_epoch=1251)`.
+
+`ConstantThenLinearDecay` holds a rate, then decays it linearly to an end value, as
+Chainer's `LinearShift` does in the official SN-GAN code (configs/sn_projection.yml:
+2e-4 until generator iteration 400,000, 0 at 450,000). It counts *steps*, each of
+`updates_per_step` optimizer updates, so an optimizer that makes several updates per
+train step (the GAN discriminator: `GANTask.disc_steps`) keys the same decay to the
+same train steps as the generator. A task that builds such an optimizer says how
+many updates it makes per step (`with updates_per_step(n):`, as `GANTask` does), and
+the schedule takes that number: change `GANTask.disc_steps` and the schedule follows.
+
+    k     = floor(s / updates_per_step)              (s: the optimizer's update count)
+    lr(s) = initial                                   for k <= decay_start_step
+          = initial + (end - initial) * (k - decay_start_step) / (decay_end_step - decay_start_step)
+          = end                                       for k >= decay_end_step
 """
 
 import contextlib
@@ -48,6 +62,7 @@ class _Run(NamedTuple):
 
 
 _RUN: contextvars.ContextVar = contextvars.ContextVar("expframe_training_run", default=None)
+_UPDATES_PER_STEP: contextvars.ContextVar = contextvars.ContextVar("expframe_updates_per_step", default=None)
 
 
 @contextlib.contextmanager
@@ -67,6 +82,18 @@ def training_run(global_batch_size: int,
         yield
     finally:
         _RUN.reset(token)
+
+
+@contextlib.contextmanager
+def updates_per_step(count: int) -> Iterator[None]:
+    """Schedules built inside count `count` optimizer updates as one step
+    (`ConstantThenLinearDecay.updates_per_step`): for a task whose optimizer makes
+    several updates per train step."""
+    token = _UPDATES_PER_STEP.set(count)
+    try:
+        yield
+    finally:
+        _UPDATES_PER_STEP.reset(token)
 
 
 def _from_run(global_batch_size: Optional[int], steps_per_epoch: Optional[int]):
@@ -196,3 +223,67 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "total_epochs": self.total_epochs,
             "warmup_initial_learning_rate": self.warmup_initial_learning_rate,
         }
+
+
+@gin.configurable
+@keras.saving.register_keras_serializable(package="expframe")
+class ConstantThenLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """A constant rate, then a linear decay to `end_learning_rate` (see module docstring).
+
+    Keras calls a schedule with the optimizer's update count before the update (0 for
+    the first), so update s uses lr(s): as Chainer's `LinearShift`, which sets the rate
+    of iteration i + 1 from i after each iteration.
+
+    Example (the official SN-GAN 128 px schedule, 5 discriminator updates per step):
+        generator/ConstantThenLinearDecay.initial_learning_rate = 2e-4
+        generator/ConstantThenLinearDecay.decay_start_step = 400_000
+        generator/ConstantThenLinearDecay.decay_end_step = 450_000
+        # the discriminator's: updates_per_step = GANTask.disc_steps, given by the task
+
+    Args:
+      initial_learning_rate: the rate up to and including step `decay_start_step`.
+      decay_start_step: the last step at the initial rate (in steps, not updates).
+      decay_end_step: the first step at `end_learning_rate`; > decay_start_step.
+      end_learning_rate: the rate from `decay_end_step` on.
+      updates_per_step: optimizer updates per step (the schedule's count is divided by
+        it); None (the default): the task's (`with updates_per_step(n):` around the
+        optimizer's construction; `GANTask` gives the discriminator `disc_steps`), else 1.
+        A bound value must agree with the task's.
+    """
+
+    def __init__(self, initial_learning_rate: float = gin.REQUIRED, decay_start_step: int = gin.REQUIRED,
+                 decay_end_step: int = gin.REQUIRED, end_learning_rate: float = 0.0,
+                 updates_per_step: Optional[int] = None):
+        from_task = _UPDATES_PER_STEP.get()
+        if updates_per_step is not None and from_task is not None and updates_per_step != from_task:
+            raise ConfigError(
+                f"ConstantThenLinearDecay.updates_per_step={updates_per_step!r} but the task makes {from_task} "
+                "optimizer update(s) per step (for a GAN's discriminator: GANTask.disc_steps): remove the "
+                "binding, the schedule takes the task's.")
+        if updates_per_step is None:
+            updates_per_step = 1 if from_task is None else from_task
+        for name, value, least in (("decay_start_step", decay_start_step, 0), ("decay_end_step", decay_end_step, 0),
+                                   ("updates_per_step", updates_per_step, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"ConstantThenLinearDecay.{name}={value!r} must be an integer >= {least}.")
+        if decay_end_step <= decay_start_step:
+            raise ConfigError(
+                f"ConstantThenLinearDecay.decay_end_step={decay_end_step} must be greater than "
+                f"ConstantThenLinearDecay.decay_start_step={decay_start_step}.")
+        self.initial_learning_rate = float(initial_learning_rate)
+        self.decay_start_step, self.decay_end_step = decay_start_step, decay_end_step
+        self.end_learning_rate = float(end_learning_rate)
+        self.updates_per_step = updates_per_step
+
+    def __call__(self, step):
+        # int64 floor division: exact at any step count (float32 is not, beyond 2^24).
+        k = tf.cast(tf.math.floordiv(tf.cast(step, tf.int64), self.updates_per_step), tf.float64)
+        start, end = float(self.decay_start_step), float(self.decay_end_step)
+        fraction = tf.clip_by_value((k - start) / (end - start), 0.0, 1.0)
+        initial, final = self.initial_learning_rate, self.end_learning_rate
+        return tf.cast(initial + (final - initial) * fraction, tf.float32)
+
+    def get_config(self):
+        return {"initial_learning_rate": self.initial_learning_rate, "decay_start_step": self.decay_start_step,
+                "decay_end_step": self.decay_end_step, "end_learning_rate": self.end_learning_rate,
+                "updates_per_step": self.updates_per_step}

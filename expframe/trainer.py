@@ -14,14 +14,14 @@ from typing import Dict, Optional
 import gin
 import tensorflow as tf
 
-from expframe import run_files
+from expframe import interrupts, run_files
 from expframe.checkpointer import Checkpointer
 from expframe.chrono import Chrono
 from expframe.data_position import DataPosition
 from expframe.errors import ConfigError, RunError
 from expframe.evaluator import Evaluator
 from expframe.replicator import ReplicatedOptimizer
-from expframe.tasks.base import Task
+from expframe.tasks.base import Task, check_step_output, contract_error
 
 
 def _positive_int(binding: str, value, allow_none: bool = False):
@@ -106,6 +106,7 @@ class Trainer:
         task.setup(replicator, self.global_batch_size, seed, deterministic)
         with replicator.scope():
             task.build()
+            replicator.check_variables(task.trackables(), type(task).__name__)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         if replicator.coordinator is not None:
@@ -124,6 +125,13 @@ class Trainer:
         """See `Checkpointer.restore`; returns the step to continue from."""
         return self.checkpointer.restore(checkpoint_dir, read_dir)
 
+    def trace(self) -> None:
+        """Traces the train step before anything is written (`Replicator.trace_steps`): a
+        configuration error found only while tracing (e.g. gradients of an unscaled
+        loss under loss scaling) then leaves the model_dir untouched. The first host
+        call reuses the trace."""
+        self.rep.trace_steps(self.task.train_step, self.train_iterator)
+
     def run_eval(self, out: "run_files.RunFiles", step: int) -> Dict[str, float]:
         """Evaluates now (see `Evaluator.run`)."""
         return self.evaluator.run(out, step)
@@ -132,17 +140,30 @@ class Trainer:
         """One host call: `num_steps` optimizer updates, each of `accumulate_steps` calls of
         the task's train_step (micro-batches); returns their metrics averaged over them."""
         micro_batches = num_steps * self.accumulate_steps
-        metrics = self.rep.run_steps(self.task.train_step, self.train_iterator, micro_batches)
+        try:
+            metrics = self.rep.run_steps(self._train_step, self.train_iterator, micro_batches)
+        except Exception as e:  # noqa: BLE001  (re-raised: the contract's one line, or as it came)
+            if contract_error(self.task, e) is e:
+                raise
+            raise contract_error(self.task, e) from None
         self.step.assign_add(num_steps)
         return metrics
+
+    def _train_step(self, batch) -> Dict[str, tf.Tensor]:
+        """The task's train_step, its output checked against the contract while it is traced."""
+        return check_step_output(self.task, "train_step", self.task.train_step(batch), "loss",
+                                 "a train step returns a dict of per-replica scalars with the key 'loss'")
 
     # -- the loop ---------------------------------------------------------------------
 
     def _handle_signal(self, signum, frame):  # pylint: disable=unused-argument
-        """First signal: finish the current host call, checkpoint, exit 0. A second signal,
-        or one that arrives before any step of this run finished (still tracing: nothing
-        new to save), exits at once; the last checkpoint stays as it was."""
-        if self._stop_signal is not None or not self._progressed:
+        """First signal: finish the current host call, checkpoint, exit 0. One that arrives
+        before any step of this run finished (still tracing: nothing new to save) stops
+        the run at once (`StartupInterrupt`: one line, exit 128 + signal); a second
+        signal exits at once. Either way the last checkpoint stays as it was."""
+        if not self._progressed:
+            raise interrupts.StartupInterrupt(signum)
+        if self._stop_signal is not None:
             raise SystemExit(128 + signum)
         self._stop_signal = signum
 
@@ -166,7 +187,9 @@ class Trainer:
                 with chrono.measure(num):
                     self.task.before_train_steps(step, num)
                     metrics = self.run_train_steps(num)
-                    self._progressed = True
+                    if not self._progressed:
+                        self._progressed = True
+                        interrupts.disarm()  # from here on, a signal checkpoints and exits 0
                     step = int(self.step.numpy())
                     metrics.update(self.task.after_train_steps(step) or {})
                 if not math.isfinite(metrics["loss"]):

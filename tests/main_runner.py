@@ -40,9 +40,11 @@ def start(gin_files, model_dir, data_dir, params=(), extra=()):
 
 
 def metrics(model_dir, split=None):
+    """metrics.jsonl's records of one split, or of every split but "provenance" (what
+    each process start ran on, which differs between runs)."""
     with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [r for r in rows if split is None or r["split"] == split]
+    return [r for r in rows if r["split"] == split or (split is None and r["split"] != "provenance")]
 
 
 def wait_for_line(proc, needle, timeout=240):

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from expframe import config
+from expframe.reproduce import registry
 from tests import main_runner as mr
 
 D4PG = "experiments/d4pg_control.gin"
@@ -125,23 +126,26 @@ def _report(name, model_dir, evals, wall):
 
 @pytest.mark.slow
 def test_d4pg_control_learns_cartpole_balance(tmp_path):
-    """As shipped: the final evaluation (10 episodes) averages >= 800 of 1000."""
+    """As shipped: the final evaluation (10 episodes) averages >= 800 of 1000
+    (`expframe.reproduce.registry.D4PG_CONTROL`, docs/results.md)."""
+    learning = registry.get("d4pg_control")
     model_dir = tmp_path / "run"
-    code, out, evals, wall = _timed_run([D4PG], model_dir, tmp_path)
+    code, out, evals, wall = _timed_run(learning.gin_files, model_dir, tmp_path, learning.params())
     assert code == 0, out[-3000:]
     result = _report("d4pg cartpole/balance, acting in the learner's process", model_dir, evals, wall)
-    assert result["eval"]["episode_return"] >= 800.0
+    assert learning.passed(result["eval"]), [t.text() for t in learning.thresholds]
 
 
 @pytest.mark.slow
 def test_d4pg_with_two_actor_processes_learns_cartpole_balance(tmp_path):
     """The same learner (1 replica, batch 256, 32 samples per insert) fed by 2 actor
-    processes over RPC, the count that fits 2 cores: final evaluation >= 800 of 1000."""
+    processes over RPC, the count that fits 2 cores: final evaluation >= 800 of 1000
+    (`expframe.reproduce.registry.D4PG_ACTORS`, docs/results.md)."""
+    learning = registry.get("d4pg_control_actors")
     model_dir = tmp_path / "run"
-    code, out, evals, wall = _timed_run(["experiments/d4pg_control_distributed.gin"], model_dir, tmp_path, (
-        "D4PGTask.num_actors = 2", "D4PGTask.actor_sigmas = (0.3, 0.3)", "Replicator.num_replicas = 1"))
+    code, out, evals, wall = _timed_run(learning.gin_files, model_dir, tmp_path, learning.params())
     assert code == 0, out[-3000:]
     result = _report("d4pg cartpole/balance, 2 actor processes", model_dir, evals, wall)
     last = mr.metrics(model_dir, "train")[-1]
     assert last["actors_alive"] == 2 and last["samples_per_insert"] <= 32.0, last
-    assert result["eval"]["episode_return"] >= 800.0
+    assert learning.passed(result["eval"]), [t.text() for t in learning.thresholds]

@@ -1,4 +1,4 @@
-"""WarmupSchedule against its formula at the points where it changes."""
+"""WarmupSchedule and ConstantThenLinearDecay against their formulas at the points where they change."""
 
 import math
 import os
@@ -10,7 +10,7 @@ import tensorflow as tf
 from expframe import config
 from expframe.errors import ConfigError
 from expframe.replicator import Replicator
-from expframe.schedules import WarmupSchedule, training_run
+from expframe.schedules import ConstantThenLinearDecay, WarmupSchedule, training_run, updates_per_step
 from expframe.tasks.classification import ClassificationTask
 from expframe.trainer import Trainer
 from tests.support import TestCase
@@ -167,3 +167,84 @@ class TrainingRunTest(TestCase):
         with self.assertRaisesRegex(ConfigError,
                                     "WarmupSchedule.global_batch_size=1024 but the run takes 8 examples"):
             self._schedule_built_by_the_task(["WarmupSchedule.global_batch_size = 1024"])
+
+
+def _linear_shift_rates(value_range, time_range, updates):
+    """The rate each of `updates` iterations uses under Chainer's LinearShift, simulated as
+    its trainer runs it: the rate is set from _t = 0 before the first iteration, then
+    after every iteration _t += 1 and the rate for the next one is set from _t."""
+    (v1, v2), (t1, t2) = value_range, time_range
+
+    def value(t):
+        if t <= t1:
+            return v1
+        if t >= t2:
+            return v2
+        return v1 + (t - t1) / (t2 - t1) * (v2 - v1)
+
+    rates, t, rate = [], 0, value(0)
+    for _ in range(updates):
+        rates.append(rate)  # this iteration's update uses the current rate
+        t += 1
+        rate = value(t)
+    return rates
+
+
+class ConstantThenLinearDecayTest(TestCase):
+    """The official SN-GAN 128 px schedule: 2e-4 to generator iteration 400,000, 0 at 450,000."""
+
+    def test_boundaries_of_the_published_schedule(self):
+        s = ConstantThenLinearDecay(initial_learning_rate=2e-4, decay_start_step=400_000, decay_end_step=450_000)
+        expected = {0: 2e-4, 1: 2e-4, 399_999: 2e-4, 400_000: 2e-4, 400_001: 2e-4 * (1 - 1 / 50_000),
+                    425_000: 1e-4, 449_999: 2e-4 / 50_000, 450_000: 0.0, 450_001: 0.0, 10**7: 0.0}
+        for step, lr in expected.items():
+            self.assertAllClose(_lr(s, step), lr, rtol=1e-6, atol=1e-12, msg=f"step {step}")
+
+    def test_discriminator_counts_disc_steps_updates_per_generator_step(self):
+        g = ConstantThenLinearDecay(initial_learning_rate=2e-4, decay_start_step=400_000, decay_end_step=450_000)
+        with updates_per_step(5):
+            d = ConstantThenLinearDecay(initial_learning_rate=2e-4, decay_start_step=400_000, decay_end_step=450_000)
+        self.assertEqual(d.updates_per_step, 5)
+        # Discriminator update 5 i + j (j < 5) belongs to generator step i: the same rate.
+        for i in (0, 399_999, 400_000, 400_001, 425_000, 449_999, 450_000):
+            for j in (0, 4):
+                self.assertAllClose(_lr(d, 5 * i + j), _lr(g, i), rtol=1e-6, atol=1e-12, msg=f"{i}, {j}")
+        self.assertAllClose(_lr(d, 5 * 400_001 - 1), 2e-4)                # last update of step 400,000
+        self.assertLess(_lr(d, 5 * 400_001), 2e-4)                        # first of step 400,001
+        # A binding that agrees is fine; one that does not is a config error.
+        with updates_per_step(5):
+            ConstantThenLinearDecay(initial_learning_rate=1.0, decay_start_step=0, decay_end_step=1, updates_per_step=5)
+            with self.assertRaisesRegex(ConfigError, r"ConstantThenLinearDecay.updates_per_step=1 but the task makes "
+                                                     r"5 optimizer update\(s\) per step \(for a GAN's discriminator: "
+                                                     r"GANTask.disc_steps\)"):
+                ConstantThenLinearDecay(initial_learning_rate=1.0, decay_start_step=0, decay_end_step=1,
+                                        updates_per_step=1)
+
+    def test_matches_chainer_linear_shift_update_by_update(self):
+        s = ConstantThenLinearDecay(initial_learning_rate=2.0, decay_start_step=3, decay_end_step=7,
+                                    end_learning_rate=0.5)
+        want = _linear_shift_rates((2.0, 0.5), (3, 7), 10)
+        optimizer = keras.optimizers.SGD(learning_rate=s)  # Keras reads the rate at `iterations` before the update
+        for update, rate in enumerate(want):
+            optimizer.iterations.assign(update)
+            self.assertAllClose(float(optimizer.learning_rate), rate, rtol=1e-6, msg=f"update {update}")
+
+    def test_serialisable_gin_and_bad_values(self):
+        s = ConstantThenLinearDecay(initial_learning_rate=2e-4, decay_start_step=4, decay_end_step=9,
+                                    updates_per_step=3)
+        clone = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(s))
+        self.assertEqual(clone.get_config(), s.get_config())
+        self.assertAllClose(_lr(clone, 20), _lr(s, 20))
+        gin.parse_config("""
+            ConstantThenLinearDecay.initial_learning_rate = 0.1
+            ConstantThenLinearDecay.decay_start_step = 10
+            ConstantThenLinearDecay.decay_end_step = 20
+        """)
+        self.assertAllClose(_lr(ConstantThenLinearDecay(), 15), 0.05)
+        gin.clear_config()
+        for kwargs, message in (({"decay_start_step": 5, "decay_end_step": 5}, "decay_end_step=5 must be greater"),
+                                ({"decay_start_step": -1, "decay_end_step": 5}, "decay_start_step=-1"),
+                                ({"decay_start_step": 0, "decay_end_step": 5, "updates_per_step": 0},
+                                 "updates_per_step=0")):
+            with self.assertRaisesRegex(ConfigError, f"ConstantThenLinearDecay.{message}"):
+                ConstantThenLinearDecay(initial_learning_rate=1.0, **kwargs)

@@ -86,12 +86,13 @@ def test_resume_falls_back_to_a_readable_checkpoint_and_drops_a_torn_metrics_lin
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "could not read the newer checkpoint(s) ckpt-4 (" in done.stdout
     assert "restored the older ckpt-2 (step 2) instead" in done.stdout and "resuming from step 2" in done.stdout
-    assert "dropped the torn last line 2 of" in done.stdout
+    assert "dropped the torn last line 3 of" in done.stdout  # after the provenance record and step 2
     assert [r["step"] for r in mr.metrics(model_dir, "train")] == [2, 4]
+    assert [r["step"] for r in mr.metrics(model_dir, "provenance")] == [0, 2]  # one per start
     values = _variables(model_dir / "checkpoints" / "ckpt-4")
     assert int(values["step/.ATTRIBUTES/VARIABLE_VALUE"]) == 4
     # Steps 3-4 were redone from step 2 exactly as the first run did them.
-    first = json.loads(metrics.splitlines()[1])
+    first = json.loads(metrics.splitlines()[2])
     again = mr.metrics(model_dir, "train")[1]
     np.testing.assert_allclose(again["loss"], first["loss"], rtol=1e-5)
     assert os.path.exists(model_dir / "result.json")

@@ -34,9 +34,10 @@ _BINDING = "Replicator.mesh_shape"
 _current: List[dtensor.Mesh] = []
 
 
-def mesh_devices(num_devices: int) -> List[str]:
+def mesh_devices(num_devices: int, mesh_shape: Optional[Dict[str, int]] = None) -> List[str]:
     """`num_devices` device names: the GPUs when TensorFlow sees any, else logical CPUs
-    (the `cpu` target's split). Raises ConfigError naming `Replicator.mesh_shape`."""
+    (the `cpu` target's split, at most `targets.MAX_CPU_DEVICES` unless raised
+    explicitly). Raises ConfigError naming `Replicator.mesh_shape`."""
     # Physical first: listing logical devices starts the runtime, after which the CPU
     # can no longer be split.
     gpus = tf.config.list_physical_devices("GPU") and tf.config.list_logical_devices("GPU")
@@ -46,6 +47,9 @@ def mesh_devices(num_devices: int) -> List[str]:
                 f"{_BINDING} asks for {num_devices} devices but only {len(gpus)} GPU(s) are visible; "
                 f"make the product of the mesh axes <= {len(gpus)}.")
         return [g.name for g in gpus[:num_devices]]
+    shown = f"{_BINDING}={mesh_shape!r}" if mesh_shape is not None else _BINDING
+    targets.check_cpu_device_count(num_devices, shown,
+                                   f"make the product of the mesh axes <= {targets.MAX_CPU_DEVICES}")
     try:
         return targets.cpu_devices(num_devices)
     except ConfigError as e:
@@ -73,7 +77,7 @@ def make_mesh(mesh_shape: Dict[str, int], devices: Optional[Sequence[str]] = Non
             raise ConfigError(f"{_BINDING}['{name}']={size!r} must be a positive integer.")
     size = int(np.prod(list(mesh_shape.values())))
     if devices is None:
-        devices = mesh_devices(size)
+        devices = mesh_devices(size, mesh_shape)
     devices = list(devices)
     if len(devices) != size:
         raise ConfigError(

@@ -31,7 +31,8 @@ class MeshAdam(tf.Module):
       opt.apply(grads, model.trainable_variables)    # inside the step
 
     Args:
-      learning_rate: a float or a schedule `step -> rate` (a Keras schedule works).
+      learning_rate: a float or a schedule `step -> rate` (a Keras schedule works); as in
+        Keras, the schedule gets the number of updates before this one (0 at the first).
       beta_1: first-moment decay (momentum for SGD).
       beta_2: second-moment decay; None for SGD with momentum.
       epsilon: Adam's denominator term.
@@ -64,17 +65,21 @@ class MeshAdam(tf.Module):
         names = ("m", "v") if self.beta_2 is not None else ("momentum",)
         self.slots = [[mesh.variable_like(v, name=f"{n}_{i}") for n in names] for i, v in enumerate(variables)]
 
-    def _rate(self) -> tf.Tensor:
+    def _rate(self, step: tf.Tensor) -> tf.Tensor:
+        """The rate of the update that follows `step` updates (Keras' convention: a
+        schedule sees 0 at the first update)."""
         if callable(self.learning_rate):
-            return tf.cast(self.learning_rate(self.iterations), tf.float32)
+            return tf.cast(self.learning_rate(step), tf.float32)
         return tf.constant(self.learning_rate, tf.float32)
 
     def apply(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> None:
         """One update of `variables` (as given to `build`) from `grads`."""
         if self.iterations is None:
             raise RuntimeError("MeshAdam.apply before build(): build it eagerly with the variables first.")
+        # The schedule sees the count before this update (as Keras optimizers pass it);
+        # Adam's bias correction counts this update (t = 1 at the first).
+        rate = self._rate(self.iterations.read_value())
         step = self.iterations.assign_add(1)
-        rate = self._rate()
         t = tf.cast(step, tf.float32)
         for var, grad, slots, var_layout in zip(variables, grads, self.slots, self._layouts, strict=True):
             grad = dtensor.relayout(grad, var_layout)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from expframe.errors import ConfigError
 from expframe.replicator import mesh
 from expframe.replicator.inputs import DistributedInput
 
@@ -39,6 +40,26 @@ class MeshTarget:
     def scope(self) -> Iterator[None]:
         with mesh.use_mesh(self.mesh):
             yield
+
+    def check_variables(self, trackables: Dict[str, Any], owner: str) -> None:
+        """Refuses plain (non-DTensor) trainable variables on a mesh of several devices.
+
+        A plain Keras layer is not split over the mesh, and its updates are not those of
+        one replica on the global batch (measured: a 2x1 mesh gave train loss 1.2465
+        where one replica gave 1.1490, with nothing failing), so it is refused before
+        anything is traced or written. One device (a 1x1 mesh) runs it as one replica.
+        """
+        if self.mesh.size <= 1:
+            return
+        for name, item in trackables.items():
+            for v in getattr(item, "trainable_variables", None) or ():
+                if not dtensor.is_dtensor(v):
+                    raise ConfigError(
+                        f"{owner}'s {name!r} has a variable that is not laid out on the mesh "
+                        f"({getattr(v, 'path', v.name)!r}): Replicator.target='mesh' with "
+                        f"Replicator.mesh_shape={self.shape!r} needs models built of "
+                        f"expframe.layers.tensor_parallel (DTensor variables); use Replicator.target='cpu' "
+                        f"or 'gpu' for this model, or set Replicator.mesh_shape={{'batch': 1, 'model': 1}}.")
 
     def distribute(self, input_fn: Callable, num_workers: int, worker_index: int) -> DistributedInput:
         """One host pipeline giving global batches (the mesh splits them over `batch` in

@@ -20,16 +20,28 @@ What it fixes (TF 2.21 / Keras 3.15, MirroredStrategy, custom loops):
     and runs the reduction and the update in each replica from the chosen branch
     (the pattern of Keras 2's LossScaleOptimizer). It works whoever launches the
     step: `Replicator.run`, `strategy.run`, one step or a loop of them.
-  * `loss_scale`: a fixed float, or "dynamic" (float16): scale the loss with
-    `scale_loss`, gradients are unscaled; a non-finite global gradient skips the
+  * `loss_scale`: a fixed float, or "dynamic" (float16): gradients of the scaled
+    loss are unscaled in `apply_gradients`; a non-finite global gradient skips the
     update and halves the scale, `growth_interval` finite steps double it. The
     forward pass of a skipped step has run, so batch-norm moving statistics are
     updated from it (as with Keras 2's LossScaleOptimizer).
+  * Forgetting to scale cannot pass silently. `minimize(loss, variables, tape)` does
+    the whole update (scale, gradients, unscale, average, clip, apply) and is the way
+    tasks should use; `scale_loss` still works for hand-written gradients. With loss
+    scaling on, `apply_gradients` refuses, while its step is traced, gradients that
+    were not computed from `scale_loss`'s output or by `minimize`: each must descend
+    in the graph from the scale that one of them produced (`_ScaleProvenance`). The
+    refusal is a ConfigError naming the calling step function and the fix (main.py:
+    one line, exit 2; the trainer traces the step before it writes anything). As
+    PyTorch's GradScaler.step() refuses an optimizer whose gradients it did not scale.
   * It overrides Keras' private `_all_reduce_sum_gradients`; importing this module
     checks that Keras still has and calls it (expframe/replicator/keras_hooks.py).
 """
 
-from typing import Iterable, Optional, Union
+import inspect
+import os
+import weakref
+from typing import Callable, Iterable, List, Optional, Sequence, Union
 
 import gin
 import keras
@@ -51,6 +63,86 @@ def check_keras_hooks() -> None:
 check_keras_hooks()
 
 
+# Ops whose output is a constant gradient (an unconnected variable with
+# UnconnectedGradients.ZERO): it needs no scaling.
+_CONSTANT_GRADIENT_OPS = ("Const", "ZerosLike", "Fill", "Zeros")
+_HERE = os.path.dirname(os.path.realpath(__file__))
+
+
+class _ScaleProvenance:
+    """Which gradients come from a scaled loss: the scale tensors that `scale_loss` and
+    `minimize` made, per graph being traced, and a check that gradients descend from one.
+
+    A gradient of `loss * s` (or of `loss` with upstream gradient `s`) is computed by
+    ops that all take `s`, directly or through other gradient ops, as an input: the
+    gradients are descendants of `s` in the graph. A gradient of the unscaled loss is
+    not. Eagerly there is no graph: the check is only that the scale was used since
+    the last update.
+    """
+
+    def __init__(self):
+        self._scales = weakref.WeakKeyDictionary()  # graph -> [scale tensors made in it]
+        self._eager_uses = 0
+
+    def record(self, scale: tf.Tensor) -> None:
+        if tf.executing_eagerly():
+            self._eager_uses += 1
+        else:
+            self._scales.setdefault(scale.graph, []).append(scale)
+
+    def unscaled(self, grads: Sequence[tf.Tensor]) -> List[int]:
+        """Indices of the gradients that do not come from a scaled loss."""
+        if tf.executing_eagerly():
+            if self._eager_uses == 0:
+                return list(range(len(grads)))
+            self._eager_uses -= 1
+            return []
+        scaled_ops = set()
+        frontier = [s.op for s in self._scales.get(grads[0].graph, [])]
+        while frontier:  # every op computed from a scale tensor of this graph
+            op = frontier.pop()
+            if op in scaled_ops:
+                continue
+            scaled_ops.add(op)
+            frontier.extend(consumer for out in op.outputs for consumer in out.consumers())
+        return [i for i, g in enumerate(grads)
+                if g.op not in scaled_ops and g.op.type not in _CONSTANT_GRADIENT_OPS]
+
+
+def _is_replicator_frame(frame) -> bool:
+    """A frame of this package's code, also as AutoGraph's converted copy (which runs
+    from a generated file, so it is recognised by its `self` or its module)."""
+    owner = frame.f_locals.get("self")
+    module = type(owner).__module__ if owner is not None else frame.f_globals.get("__name__", "")
+    return os.path.realpath(frame.f_code.co_filename).startswith(_HERE) or module.startswith(__package__)
+
+
+@tf.autograph.experimental.do_not_convert
+def _calling_step() -> str:
+    """The user code that called apply_gradients, e.g. `D4PGTask.train_step`: the first
+    frame outside this package, TensorFlow and Keras (AutoGraph's copy of a step is
+    named `tf__<name>`)."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        path = os.path.realpath(frame.f_code.co_filename)
+        library = any(f"{os.sep}{name}{os.sep}" in path for name in ("tensorflow", "keras", "tf_keras"))
+        name = frame.f_code.co_name
+        generated = "__autograph_generated" in path
+        # In AutoGraph's copy, `tf__<name>` is the function; `if_body`, `loop_body`... are
+        # the pieces it cut its control flow into.
+        if not library and not _is_replicator_frame(frame) and (not generated or name.startswith("tf__")):
+            name = name[len("tf__"):] if generated else name
+            owner = frame.f_locals.get("self")
+            where = f"{type(owner).__name__}.{name}" if owner is not None else name
+            if not generated:
+                where += f" ({os.path.relpath(path)}:{frame.f_lineno})"
+            elif owner is not None and inspect.getsourcefile(type(owner)):  # AutoGraph's copy: the class's file
+                where += f" ({os.path.relpath(inspect.getsourcefile(type(owner)))})"
+            return where
+        frame = frame.f_back
+    return "the step function"
+
+
 class ReplicatedOptimizer(tf.Module):
     """See module docstring. Create it with `wrap_optimizer` inside `Replicator.scope()`."""
 
@@ -67,7 +159,8 @@ class ReplicatedOptimizer(tf.Module):
         if loss_scale is not None and loss_scale != "dynamic" and not (
                 isinstance(loss_scale, (int, float)) and loss_scale > 0):
             raise ConfigError(f"wrap_optimizer loss_scale={loss_scale!r}: use None, a positive number or 'dynamic'.")
-        if loss_scale is None and keras.mixed_precision.global_policy().name == "mixed_float16":
+        from_policy = loss_scale is None and keras.mixed_precision.global_policy().name == "mixed_float16"
+        if from_policy:
             loss_scale = "dynamic"  # float16 gradients underflow without it.
         strategy = tf.distribute.get_strategy()
         if getattr(optimizer, "_distribution_strategy", strategy) is not strategy:
@@ -76,9 +169,15 @@ class ReplicatedOptimizer(tf.Module):
                 "create it inside `with replicator.scope():` (its variables must be replicated).")
         if (accumulate_steps > 1 or loss_scale == "dynamic") and isinstance(
                 strategy, tf.distribute.experimental.ParameterServerStrategy):
+            what = (f"wrap_optimizer.accumulate_steps={accumulate_steps}" if accumulate_steps > 1 else
+                    "run_experiment.precision='mixed_float16' (it turns on dynamic loss scaling)" if from_policy
+                    else "wrap_optimizer.loss_scale='dynamic'")
+            fix = ("set wrap_optimizer.accumulate_steps = 1" if accumulate_steps > 1 else
+                   "use run_experiment.precision='mixed_bfloat16' or 'float32', or a fixed "
+                   "wrap_optimizer.loss_scale" if from_policy else "use a fixed wrap_optimizer.loss_scale")
             raise ConfigError(
-                "wrap_optimizer: accumulate_steps > 1 and dynamic loss scaling need synchronous "
-                "replicas; they are not available with Replicator.target='parameter_server'.")
+                f"{what} needs synchronous replicas (accumulation and dynamic loss scaling decide once for all "
+                f"of them), which Replicator.target='parameter_server' does not have; {fix}, or another target.")
         self.optimizer = optimizer
         self.accumulate_steps = accumulate_steps
         self.clip_global_norm = clip_global_norm
@@ -90,6 +189,7 @@ class ReplicatedOptimizer(tf.Module):
         self.loss_scale = None
         if loss_scale is not None:
             initial = 2.0 ** 15 if self.dynamic else float(loss_scale)
+            self._initial_scale = initial
             self.loss_scale = tf.Variable(initial, trainable=False, name="loss_scale",
                                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps",
@@ -98,6 +198,7 @@ class ReplicatedOptimizer(tf.Module):
         self.accumulators = []
         self.micro_step = None
         object.__setattr__(self, "_vars", None)
+        object.__setattr__(self, "_provenance", _ScaleProvenance())
 
     # -- Keras-like surface ------------------------------------------------------------
 
@@ -111,10 +212,52 @@ class ReplicatedOptimizer(tf.Module):
         return self.optimizer.learning_rate
 
     def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
-        """Multiplies the loss by the loss scale (identity without loss scaling)."""
+        """Multiplies the loss by the loss scale (identity without loss scaling).
+
+        Differentiate the result and pass those gradients to `apply_gradients`, which
+        unscales them. `minimize` does all of it in one call.
+        """
         if self.loss_scale is None:
             return loss
-        return loss * tf.cast(self.loss_scale, loss.dtype)
+        return loss * self._scale(loss.dtype)
+
+    def _scale(self, dtype) -> tf.Tensor:
+        """The loss scale as a tensor of `dtype`, recorded as a source of scaled gradients."""
+        scale = tf.identity(tf.cast(self.loss_scale, dtype), name="loss_scale_value")
+        self._provenance.record(scale)
+        return scale
+
+    def minimize(self, loss: Union[tf.Tensor, Callable[[], tf.Tensor]], variables: Sequence[tf.Variable],
+                 tape: Optional[tf.GradientTape] = None) -> tf.Tensor:
+        """The whole update: scales the loss, differentiates it, unscales, averages over
+        replicas (and micro-batches), clips and applies. Use it in the step function.
+
+        Args:
+          loss: this replica's mean loss, computed under `tape`; or, without a tape, a
+            function of no arguments that computes it (it runs under a new tape).
+          variables: the variables to update (those the optimizer was built for).
+          tape: the tape that recorded `loss`.
+
+        Returns:
+          The loss (unscaled).
+
+        Example:
+          with tf.GradientTape() as tape:
+              loss = loss_fn(model(x, training=True), y)
+          optimizer.minimize(loss, model.trainable_variables, tape)
+        """
+        variables = list(variables)
+        if tape is None:
+            if not callable(loss):
+                raise ValueError("minimize: pass the tape that recorded the loss, or the loss as a function.")
+            with tf.GradientTape() as tape:
+                loss = loss()
+        # d(s * loss)/dw, with s fed as the upstream gradient of the loss: nothing is
+        # multiplied in the forward pass, and float16 gradients are scaled all the way.
+        upstream = None if self.loss_scale is None else self._scale(loss.dtype)
+        grads = tape.gradient(loss, variables, output_gradients=upstream)
+        self.apply_gradients(zip(grads, variables, strict=True))
+        return loss
 
     def build(self, var_list: list) -> None:
         """Creates slots and accumulators for `var_list` (call in the replicator's scope)."""
@@ -150,7 +293,13 @@ class ReplicatedOptimizer(tf.Module):
     def apply_gradients(self, grads_and_vars: Iterable) -> None:
         """Averages gradients over replicas (and micro-batches) and updates the variables.
 
-        Call it in the step function with this replica's gradients of its mean loss.
+        Call it in the step function with this replica's gradients of its mean loss;
+        with loss scaling on, gradients of `scale_loss(loss)` (they are unscaled here).
+        `minimize` is the one call that does it all.
+
+        Raises:
+          ConfigError: loss scaling is on and a gradient does not come from
+            `scale_loss` or `minimize` (checked while the step is traced).
         """
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if not pairs:
@@ -164,6 +313,7 @@ class ReplicatedOptimizer(tf.Module):
                 f"apply_gradients got {len(variables)} variables but the optimizer was built for "
                 f"{len(self._vars)}; use one wrapped optimizer per set of variables.")
         if self.loss_scale is not None:
+            self._require_scaled(grads, variables)
             grads = [g / tf.cast(self.loss_scale, g.dtype) for g in grads]
         if not self._deferred:
             grads = collectives.all_reduce(grads, "mean")
@@ -184,6 +334,23 @@ class ReplicatedOptimizer(tf.Module):
             self._update_in_cross_replica(tf.distribute.get_strategy())
         else:
             ctx.merge_call(self._update_in_cross_replica)
+
+    @tf.autograph.experimental.do_not_convert
+    def _require_scaled(self, grads, variables) -> None:
+        unscaled = self._provenance.unscaled(grads)
+        if not unscaled:
+            return
+        names = ", ".join(getattr(variables[i], "path", variables[i].name) for i in unscaled[:2])
+        more = f" and {len(unscaled) - 2} more" if len(unscaled) > 2 else ""
+        scale = "dynamic" if self.dynamic else f"{self._initial_scale:g}"
+        error = ConfigError(
+            f"{_calling_step()} passed gradients of an unscaled loss to apply_gradients ({names}{more}), but "
+            f"loss scaling is on (loss_scale {scale}: run_experiment.precision='mixed_float16' or "
+            f"wrap_optimizer.loss_scale), so float16 gradients underflow and every update would be divided by "
+            f"the scale; update with `optimizer.minimize(loss, variables, tape)`, or differentiate "
+            f"`optimizer.scale_loss(loss)`.")
+        error.ag_pass_through = True  # AutoGraph would wrap it in a StagingError of several lines
+        raise error
 
     def _clip(self, grads):
         if self.clip_global_norm is None:

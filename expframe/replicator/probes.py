@@ -16,6 +16,7 @@ from typing import Callable, Dict
 
 import tensorflow as tf
 
+from expframe import provenance
 from expframe.replicator.autotune import Timer
 
 COMPUTE_DTYPES = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}
@@ -46,15 +47,7 @@ def device_model(device: str) -> str:
             cc = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
             return f"GPU {details.get('device_name', 'unknown')}{cc}"
         return "GPU unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return "CPU " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform  # pylint: disable=import-outside-toplevel
-    return "CPU " + (platform.processor() or platform.machine() or "unknown")
+    return "CPU " + provenance.cpu_name()
 
 
 def _timed(fn: Callable[[], tf.Tensor]) -> float:

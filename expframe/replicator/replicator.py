@@ -313,17 +313,41 @@ class Replicator:
             return {k: sum(n * float(m[k]) for n, m in fetched) / num_steps for k in fetched[0][1]}
         if self.mesh_target is not None:
             return self.mesh_target.run_steps(step_fn, iterator, num_steps)
+        loop = self._step_loop(step_fn, iterator)
+        return {k: float(v) for k, v in self._xla.call(loop, iterator, tf.constant(num_steps, tf.int32)).items()}
+
+    def _step_loop(self, step_fn: Callable[..., Any], iterator):
+        """The tf.function of `run_steps` on synchronous targets, one per step_fn: the
+        replicated host loop around the step, compiled with XLA per `jit_compile` (under
+        'auto' traced first with `iterator`, see xla_steps.py)."""
         if not hasattr(self, "_step_loops"):
             self._step_loops = {}
-        steps = tf.constant(num_steps, tf.int32)
         loop = self._step_loops.get(step_fn)
         if loop is None:
             def build(replica_step):
                 def host_call(it, n):
                     return mean_over_steps(lambda: self.reduce(self.run(replica_step, next(it)), "mean"), n)
                 return tf.function(host_call)
-            loop = self._step_loops[step_fn] = self._xla.host_loop(build, step_fn, iterator, steps)
-        return {k: float(v) for k, v in self._xla.call(loop, iterator, steps).items()}
+            loop = self._step_loops[step_fn] = self._xla.host_loop(build, step_fn, iterator,
+                                                                   tf.TensorSpec([], tf.int32))
+        return loop
+
+    def check_variables(self, trackables: Dict[str, Any], owner: str) -> None:
+        """After the task is built: refuses variables this target cannot run correctly
+        (on 'mesh': plain Keras variables when the mesh has several devices)."""
+        if self.mesh_target is not None:
+            self.mesh_target.check_variables(trackables, owner)
+
+    def trace_steps(self, step_fn: Callable[..., Any], iterator) -> None:
+        """Traces what `run_steps(step_fn, iterator, n)` runs, without running it or reading
+        data; the next `run_steps` reuses the trace. Errors that tracing finds (a
+        ConfigError of the step, e.g. gradients of an unscaled loss) surface here.
+
+        Synchronous tf.distribute targets only: on 'parameter_server' and 'mesh' the
+        step is traced by its first `run_steps` (it needs a worker or a batch).
+        """
+        if self.coordinator is None and self.mesh_target is None:
+            self._step_loop(step_fn, iterator).get_concrete_function(iterator, tf.TensorSpec([], tf.int32))
 
     def schedule_steps(self, step_fn: Callable[..., Any], per_worker_iterator, num_steps: int) -> Any:
         """parameter_server: schedules `num_steps` steps of `step_fn(next(iterator))` on a free worker.

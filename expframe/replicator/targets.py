@@ -24,18 +24,58 @@ TARGETS = ("cpu", "gpu", "tpu", "multi_worker", "parameter_server", "mesh", "aut
 # this number can then be created one after another in the same process.
 _CPU_DEVICES_ENV = "EXPFRAME_CPU_DEVICES"
 _DEFAULT_CPU_DEVICES = 8
+# The most logical CPU devices a binding may ask for unless EXPFRAME_CPU_DEVICES (or
+# expframe.split_cpu) asks for more explicitly. Each logical device brings its own
+# threads and buffers: `Replicator.mesh_shape = {'batch': 64, 'model': 64}` asked for
+# 4,096 of them, and the process grew to 11 GB and 16,000 threads in 5 minutes
+# without failing or training.
+MAX_CPU_DEVICES = 64
+
+
+def _explicit_cpu_devices() -> Optional[int]:
+    """EXPFRAME_CPU_DEVICES as an integer, None when unset."""
+    raw = os.environ.get(_CPU_DEVICES_ENV)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{_CPU_DEVICES_ENV}={raw!r} must be a positive integer (logical CPU devices).")
+    return value
+
+
+def check_cpu_device_count(count: int, binding: str, fix: str) -> None:
+    """ConfigError, within milliseconds, when `count` logical CPU devices are more than
+    MAX_CPU_DEVICES and EXPFRAME_CPU_DEVICES does not ask for that many explicitly.
+
+    Args:
+      count: the logical CPU devices the binding asks for.
+      binding: the binding as the user wrote it, e.g. "Replicator.num_replicas=4096".
+      fix: what to change it to, e.g. "use Replicator.num_replicas <= 64".
+    """
+    ceiling = max(MAX_CPU_DEVICES, _explicit_cpu_devices() or 0)
+    if count > ceiling:
+        raise ConfigError(
+            f"{binding} asks for {count} logical CPU devices, more than the ceiling of {ceiling} (each "
+            f"device costs threads and memory; 4,096 of them grew to 11 GB without training); {fix}, or set "
+            f"{_CPU_DEVICES_ENV}={count} to split the CPU that finely on purpose.")
 
 
 def cpu_devices(num_replicas: int) -> list:
     """Returns the names of `num_replicas` logical CPU devices, splitting the CPU once.
 
     Raises:
-      ConfigError: the runtime already started with fewer logical CPUs than asked.
+      ConfigError: more devices than the ceiling (`check_cpu_device_count`), or the
+        runtime already started with fewer logical CPUs than asked.
     """
+    check_cpu_device_count(num_replicas, f"Replicator.num_replicas={num_replicas} on target 'cpu'",
+                           f"use Replicator.num_replicas <= {MAX_CPU_DEVICES}")
     physical = tf.config.list_physical_devices("CPU")[0]
     configured = tf.config.get_logical_device_configuration(physical)
     if configured is None:
-        wanted = max(num_replicas, int(os.environ.get(_CPU_DEVICES_ENV, _DEFAULT_CPU_DEVICES)))
+        wanted = max(num_replicas, _explicit_cpu_devices() or _DEFAULT_CPU_DEVICES)
         try:
             tf.config.set_logical_device_configuration(
                 physical, [tf.config.LogicalDeviceConfiguration() for _ in range(wanted)])

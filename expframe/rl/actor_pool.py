@@ -1,8 +1,12 @@
 """The learner's side of distributed acting: an RPC service and K actor processes.
 
 `ActorPool` starts `LearnerService` and `num_actors` processes of
-`python -m expframe.rl.actor_process`, each with its own seed and exploration sigma,
-all reading the learner's gin config (written to a temporary file). It watches them:
+`python -m expframe.rl.actor_process`, each with its own exploration sigma and its own
+seeds, all reading the learner's gin config (written to a temporary file). An actor's
+seeds come from (run seed, actor id, restart count, resume step)
+(`expframe.rl.actors.actor_seeds`): a restarted actor, and every actor of a learner
+that resumed from a checkpoint at step s > 0, acts with new episodes and noise instead
+of repeating its first ones, while the same four numbers give the same streams. It watches them:
 an actor that exits (crash, SIGKILL) is logged with its id and exit status and
 restarted while the pool's restart budget lasts; when no actor is left, `check`
 raises `RunError` (the run stops with exit 1). The processes are stopped when the
@@ -47,19 +51,23 @@ class ActorPool:
       shapes: one transition's field shapes.
       num_actors: processes to start.
       sigmas: exploration sigma of each actor.
-      seed: the run's seed; actor i gets seed + i.
+      seed: the run's seed; actor i's seeds are `actor_seeds(seed, i, restart, resume_step)`.
       weights_every: environment steps between an actor's weight fetches.
       capacity: most transitions pending in the service.
       max_restarts: restarts allowed over the whole run, all actors together.
       address: the service's host:port (port 0: a free one).
+      resume_step: the learner step this learner process started from (0 for a fresh
+        run, the checkpoint's step after a resume).
     """
 
     def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], num_actors: int,
                  sigmas: Sequence[float], seed: int, weights_every: int, capacity: int, max_restarts: int,
-                 address: str = "127.0.0.1:0"):
+                 address: str = "127.0.0.1:0", resume_step: int = 0):
         self.service = LearnerService(weights, shapes, capacity, address)
         self.sigmas, self.seed, self.weights_every = list(sigmas), int(seed), int(weights_every)
         self.max_restarts, self.restarts = int(max_restarts), 0
+        self.resume_step = int(resume_step)
+        self.restart_counts: Dict[int, int] = {i: 0 for i in range(num_actors)}   # actor id -> its restarts
         self._dir = tempfile.TemporaryDirectory(prefix="expframe_actors_")
         self.config_path = os.path.join(self._dir.name, "config.gin")
         with open(self.config_path, "w", encoding="utf-8") as f:
@@ -70,9 +78,10 @@ class ActorPool:
         atexit.register(self.close)
 
     def command(self, actor_id: int) -> List[str]:
-        """The command line of actor `actor_id` (as run on this host)."""
+        """The command line of actor `actor_id`'s next start (as run on this host)."""
         return [sys.executable, "-m", "expframe.rl.actor_process", f"--address={self.service.address}",
-                f"--actor_id={actor_id}", f"--seed={self.seed + actor_id}", f"--sigma={self.sigmas[actor_id]}",
+                f"--actor_id={actor_id}", f"--seed={self.seed}", f"--restart={self.restart_counts[actor_id]}",
+                f"--resume_step={self.resume_step}", f"--sigma={self.sigmas[actor_id]}",
                 f"--weights_every={self.weights_every}", f"--gin_config={self.config_path}",
                 f"--stats_file={os.path.join(self._dir.name, f'actor_{actor_id}.json')}"]
 
@@ -91,6 +100,7 @@ class ActorPool:
             status = _status(process.returncode)
             if self.restarts < self.max_restarts:
                 self.restarts += 1
+                self.restart_counts[actor_id] += 1
                 _log(f"actor {actor_id} (pid {process.pid}) {status}; restarting it "
                      f"(restart {self.restarts} of {self.max_restarts})")
                 self._start(actor_id)

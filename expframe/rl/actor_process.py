@@ -3,8 +3,12 @@
 The learner (`D4PGTask` with `num_actors > 0`) starts these; by hand, for actors on
 other hosts (the learner's service bound to an address they can reach):
 
-  python -m expframe.rl.actor_process --address=LEARNER_HOST:PORT --actor_id=3 --seed=3 \
-      --sigma=0.3 --gin_config=run/operative_config.gin
+  python -m expframe.rl.actor_process --address=LEARNER_HOST:PORT --actor_id=3 --seed=0 \
+      --sigma=0.3 --gin_config=run/operative_config.gin [--restart=1] [--resume_step=STEP]
+
+Seeds: environment and noise from `actor_seeds(seed, actor_id, restart, resume_step)`
+(`--seed` is the run's seed): give a restarted actor a new `--restart` and the actors
+of a resumed learner its `--resume_step`, or they repeat their episodes and noise.
 
 Loop: fetch the latest weights (`weights`), take `weights_every` environment steps
 with them (a `SynchronousActor` writing n-step transitions into a local buffer),
@@ -92,7 +96,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--address", required=True, help="the learner's service, host:port")
     parser.add_argument("--actor_id", type=int, required=True)
-    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--seed", type=int, required=True, help="the run's seed")
+    parser.add_argument("--restart", type=int, default=0, help="how many times this actor was restarted")
+    parser.add_argument("--resume_step", type=int, default=0, help="the learner step the learner started from")
     parser.add_argument("--sigma", type=float, required=True, help="exploration noise of this actor")
     parser.add_argument("--weights_every", type=int, default=100, help="environment steps between weight fetches")
     parser.add_argument("--gin_config", required=True, help="the learner's gin config (environment, networks)")
@@ -103,7 +109,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from expframe import config  # pylint: disable=import-outside-toplevel
-    from expframe.rl.actors import PolicyExecutor, SynchronousActor  # pylint: disable=import-outside-toplevel
+    from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds  # pylint: disable=import-outside-toplevel
     from expframe.rl.adders import NStepAdder  # pylint: disable=import-outside-toplevel
     from expframe.rl.rpc import ActorClient  # pylint: disable=import-outside-toplevel
     from expframe.tasks.d4pg import D4PGTask  # pylint: disable=import-outside-toplevel
@@ -114,13 +120,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     with gin.unlock_config():
         gin.parse_config_file(args.gin_config, skip_unknown=True)
     task = D4PGTask()
-    env_seed, noise_seed = np.random.SeedSequence([args.seed, args.actor_id]).generate_state(2)
-    environment = task._environment_fn(seed=int(env_seed))  # pylint: disable=protected-access
+    env_seed, noise_seed = actor_seeds(args.seed, args.actor_id, args.restart, args.resume_step)
+    environment = task._environment_fn(seed=env_seed)  # pylint: disable=protected-access
     obs, act = environment.observation_size, environment.action_size
     policy = task._policy_fn(observation_size=obs, action_size=act)  # pylint: disable=protected-access
     buffer = TransitionBuffer()
     actor = SynchronousActor(environment, PolicyExecutor(policy, obs), NStepAdder(buffer, task.n_step, task.discount),
-                             sigma=args.sigma, seed=int(noise_seed))
+                             sigma=args.sigma, seed=noise_seed)
     runner, parent, code = None, os.getppid(), 0
     try:
         runner = ProcessActor(ActorClient(args.address, args.actor_id), actor, buffer, args.weights_every)

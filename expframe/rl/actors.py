@@ -8,11 +8,16 @@ writing transitions over RPC.
 
 Exploration (Acme's D4PG): a = clip(pi(o) + sigma * N(0, I), -1, 1), noise from the
 actor's own seeded generator, so acting is deterministic given the seed.
+
+Seeds of actor processes (`actor_seeds`): numpy's `SeedSequence` with the run's seed as
+entropy and (actor id, restart count, resume step) as spawn key, so a restarted actor
+and every actor of a resumed learner act with new streams (episodes and noise), and the
+same four numbers give the same streams again.
 """
 
 import json
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -197,6 +202,30 @@ class SynchronousActor:
         self._rng.bit_generator.state = json.loads(str(state["rng"]))
         self._observation = None
         self._finished = []
+
+
+def actor_seeds(seed: int, actor_id: int, restart: int = 0, resume_step: int = 0) -> Tuple[int, int]:
+    """The (environment seed, noise seed) of one actor.
+
+    Both come from `np.random.SeedSequence(seed, spawn_key=(actor_id, restart,
+    resume_step))`: actor `actor_id`'s `restart`-th restart (0: its first start) in a
+    learner process that started (or resumed) at learner step `resume_step`. Each of
+    the three changes the streams even when it is 0 (in a spawn key every word counts;
+    trailing zeros of a plain entropy list do not: `SeedSequence([s, 0])` seeds as `s`).
+
+    Args:
+      seed: the run's seed (`run_experiment.seed`), >= 0.
+      actor_id, restart, resume_step: integers >= 0.
+
+    Returns:
+      Two seeds in [0, 2**32).
+    """
+    for name, value in (("seed", seed), ("actor_id", actor_id), ("restart", restart), ("resume_step", resume_step)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"actor_seeds: {name}={value!r} must be an integer >= 0.")
+    sequence = np.random.SeedSequence(int(seed), spawn_key=(int(actor_id), int(restart), int(resume_step)))
+    environment_seed, noise_seed = sequence.generate_state(2)
+    return int(environment_seed), int(noise_seed)
 
 
 def episode_returns(environment, policy: PolicyExecutor, episodes: int) -> List[float]:

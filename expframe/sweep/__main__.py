@@ -6,9 +6,11 @@
     python -m expframe.sweep --study=... --emit=slurm     # writes <root>/study.sbatch, runs nothing
     python -m expframe.sweep --study=... --emit=summary   # table and plots from what is on disk
 
-Exit status: 0 when every run finished; 1 when a run failed (the others still ran);
-2 for a configuration error in the study, found before any run starts (one line on
-stderr naming the binding; nothing written).
+Exit status: 0 only when every run is `ok` (finished under the study's configuration);
+1 otherwise (a run failed, was stopped, is pending, or is stale), with one line on
+stderr naming those runs and what to do (also for --emit=summary, which writes the
+table either way); 2 for a configuration error in the study, found before any run
+starts (one line on stderr naming the binding; nothing written).
 """
 
 import argparse
@@ -18,6 +20,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
+from expframe import gin_paths
 from expframe.errors import ConfigError
 from expframe.sweep import plots, runner, slurm, spec, summary
 
@@ -42,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="grid axis, e.g. 'Trainer.global_batch_size=[64, 128]' (repeatable)")
     p.add_argument("--zip", action="append", default=[], metavar="B=[V, ...]",
                    help="bindings that move together, one value of each per run (repeatable; one group)")
+    p.add_argument("--gin_search_path", action="append", default=[], metavar="DIR",
+                   help="folder searched for gin files and the modules they import, for the study and its runs "
+                        "(repeatable; see main.py --help)")
     p.add_argument("--study_dir", help="the study's root (default runs/<study name>)")
     p.add_argument("--parallel", type=int, default=None,
                    help="runs at once on this machine, at most its cores (default 1); with --emit=slurm, "
@@ -53,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
                         "table and plots from the runs on disk")
     p.add_argument("--slurm_option", action="append", default=[], metavar="OPT",
                    help="extra #SBATCH option for --emit=slurm, e.g. --slurm_option=--partition=gpu")
+    p.add_argument("--move_stale", action="store_true",
+                   help="move runs whose parsed_config.gin is not the study's configuration (a gin file or "
+                        "binding changed since they ran) to <root>/stale/<time>/ and start them afresh; without "
+                        "it they are reported `stale` and not started (nothing is ever deleted)")
     return p
 
 
@@ -68,14 +78,18 @@ def _write_study_json(study: spec.Study, root: str) -> None:
     os.replace(tmp, os.path.join(root, "study.json"))
 
 
-def _report(study: spec.Study, root: str, command: str) -> list:
-    rows = summary.write_summary(study, root, command)
+def _report(study: spec.Study, root: str, command: str, config_texts: dict) -> int:
+    """Writes and prints the table, draws the plots; 0 if every run is ok, else 1 (and a line)."""
+    rows = summary.write_summary(study, root, command, config_texts)
     written = plots.plot_study(rows, study, root)
     with open(os.path.join(root, summary.MARKDOWN), encoding="utf-8") as f:
         print(f.read(), end="")
     print("wrote " + ", ".join(os.path.join(root, n) for n in (summary.CSV, summary.MARKDOWN)) + ", "
           + ", ".join(written), flush=True)
-    return rows
+    line = summary.not_ok_line(rows, root)
+    if line:
+        print(f"error: {line}", file=sys.stderr, flush=True)
+    return 1 if line else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -85,15 +99,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.parallel is not None and args.parallel < 1:
             raise ConfigError(f"--parallel={args.parallel} must be at least 1.")
+        gin_paths.add_search_path(args.gin_search_path)  # the runs inherit $EXPFRAME_GIN_PATH
         study = spec.build_study(args.study, args.gin_file, args.gin_param, args.sweep, args.zip)
         root = args.study_dir or os.path.join("runs", study.name)
-        if args.emit == "summary":
-            _report(study, root, command)
-            return 0
         config_texts = spec.validate(study)  # nothing is written before this passes
+        if args.emit == "summary":
+            return _report(study, root, command, config_texts)
         if args.emit == "slurm":
-            path = slurm.write_script(study, root, mode=args.mode, options=args.slurm_option,
-                                      max_running=args.parallel)
+            path = slurm.write_script(study, root, config_texts, mode=args.mode, options=args.slurm_option,
+                                      max_running=args.parallel, move_stale=args.move_stale)
             print(f"wrote {path}: {len(study.runs())} runs, one per array index; submit with `sbatch {path}`, "
                   f"then `{command.replace('--emit=slurm', '--emit=summary')}` for the table and plots")
             return 0
@@ -103,9 +117,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(root, exist_ok=True)
     _write_study_json(study, root)
     runner.run_study(study, root, config_texts, parallel=args.parallel or 1, mode=args.mode,
-                     on_change=lambda: summary.write_summary(study, root, command))
-    rows = _report(study, root, command)
-    return 1 if any(row["status"] in ("failed", "config_error", "crashed") for row in rows) else 0
+                     on_change=lambda: summary.write_summary(study, root, command, config_texts),
+                     move_stale=args.move_stale)
+    return _report(study, root, command, config_texts)
 
 
 if __name__ == "__main__":

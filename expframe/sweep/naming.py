@@ -7,13 +7,18 @@ shares (`Trainer.global_batch_size` -> `global_batch_size`; `generator/Adam.lear
 and `discriminator/Adam.learning_rate` -> `generator.Adam.learning_rate`, ...). A value
 is its gin text with string quotes and the `@` of a reference dropped. Characters
 outside `A-Z a-z 0-9 . _ + -` become `_`, and a value changed that way (or cut for
-length) gets 8 hex digits of a hash of its exact gin text, so names stay unique. A
-name depends only on the swept bindings and the run's own values: adding a value to
-a sweep never renames the runs already there.
+length) gets 8 hex digits of a hash of its exact gin text, so names stay unique.
+Values of one binding that would read the same (the number `1` and the string `'1'`)
+all get their hash, so none of them keeps the plain name that another one had. A
+name depends only on the swept bindings and the values of that binding: adding a
+value to a sweep never renames the runs already there, except a value that reads
+the same as an existing one (then the existing one gets its hash too: its old
+directory is left alone and never taken over by the new value).
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import re
 from typing import Mapping, Sequence
@@ -75,11 +80,10 @@ def value_names(gin_texts: Sequence[str]) -> dict[str, str]:
         readable = _readable(text)
         safe = _UNSAFE.sub("_", readable)[:MAX_VALUE_CHARS]
         names[text] = safe if safe == readable and safe else f"{safe}_{digest(text)}".lstrip("_")
-    # Two texts that read the same (the string '1' and the number 1): hash both.
-    for text, name in list(names.items()):
-        if sum(1 for other in names.values() if other == name) > 1:
-            names[text] = f"{name}_{digest(text)}"
-    return names
+    # Texts that read the same (the string '1' and the number 1): hash every one of
+    # them (counted before any is renamed), so none keeps the plain name.
+    counts = collections.Counter(names.values())
+    return {text: f"{name}_{digest(text)}" if counts[name] > 1 else name for text, name in names.items()}
 
 
 def run_name(values: Mapping[str, str], keys: Mapping[str, str]) -> str:

@@ -8,7 +8,11 @@ wait, and the `cpu` target sizes its own pool for its logical devices
 
 A finished run (its `result.json` written under the same parsed configuration,
 `parsed_config.gin`, so an edit inside an included gin file counts) is skipped;
-any other starts `main.py` again, which resumes from its checkpoint. Each attempt's
+any other starts `main.py` again, which resumes from its checkpoint. A stale run, one
+whose `parsed_config.gin` differs from the study's (an edit to a gin file or binding
+since it ran), is not started: main.py would refuse to resume it (exit 2). With
+`move_stale` it is first moved aside, never deleted, to `<root>/stale/<time>/<name>`
+(its logs to `<root>/stale/<time>/logs/`) and then starts afresh. Each attempt's
 exit status, last error line and wall time go to `<root>/logs/<name>.json`, its output
 to `<root>/logs/<name>.log` (and to this process's stdout, prefixed `[k/N]`). A run
 that fails does not stop the others.
@@ -17,6 +21,7 @@ that fails does not stop the others.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -29,8 +34,12 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from expframe.sweep.spec import Run, Study
 
+# The clone's main.py; an installed package (no clone) runs `python -m expframe`, the same program.
 MAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "main.py")
+if not os.path.isfile(MAIN_PY):
+    MAIN_PY = None
 LOGS = "logs"
+STALE = "stale"   # <root>/stale/<time>/: runs moved aside by move_stale
 INTRA_OP_ENV = "TF_NUM_INTRAOP_THREADS"
 # absl and TensorFlow log lines ("W1130 09:33:06.19 ...", "WARNING: All log messages ...")
 _TF_LOG_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl)")
@@ -51,11 +60,36 @@ def worker_count(parallel: int, cores: int) -> tuple[int, int]:
     return processes, max(1, cores // processes)
 
 
-def command(study: Study, run: Run, root: str, mode: str = "train_and_eval", main_py: str = MAIN_PY) -> list[str]:
-    """The `main.py` command line of one run (no shell; arguments as a list)."""
-    return ([sys.executable, main_py] + [f"--gin_file={f}" for f in study.gin_files]
+def command(study: Study, run: Run, root: str, mode: str = "train_and_eval",
+            main_py: Optional[str] = MAIN_PY) -> list[str]:
+    """The `main.py` command line of one run (no shell; arguments as a list); without a
+    main.py (an installed package), `python -m expframe`, the same program."""
+    program = [main_py] if main_py else ["-m", "expframe"]
+    return ([sys.executable] + program + [f"--gin_file={f}" for f in study.gin_files]
             + [f"--gin_param={p}" for p in study.gin_params + run.gin_params]
             + [f"--model_dir={os.path.join(root, run.name)}", f"--mode={mode}"])
+
+
+def config_digest(text: str) -> str:
+    """SHA-256 (hex) of a parsed configuration as main.py writes it to parsed_config.gin
+    (UTF-8): what `sha256sum parsed_config.gin` prints, so the Slurm script compares too."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def stored_config_digest(model_dir: str) -> Optional[str]:
+    """`config_digest` of the run's parsed_config.gin, or None if it has none."""
+    try:
+        with open(os.path.join(model_dir, "parsed_config.gin"), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def is_stale(model_dir: str, parsed_config: Optional[str]) -> bool:
+    """Whether model_dir holds a run of another configuration: its parsed_config.gin
+    exists and differs from parsed_config (None: nothing to compare, never stale)."""
+    stored = stored_config_digest(model_dir)
+    return parsed_config is not None and stored is not None and stored != config_digest(parsed_config)
 
 
 def is_finished(model_dir: str, parsed_config: Optional[str]) -> bool:
@@ -63,13 +97,25 @@ def is_finished(model_dir: str, parsed_config: Optional[str]) -> bool:
     parsed_config.gin) if one is given."""
     if not os.path.isfile(os.path.join(model_dir, "result.json")):
         return False
-    if parsed_config is None:
-        return True
-    try:
-        with open(os.path.join(model_dir, "parsed_config.gin"), encoding="utf-8") as f:
-            return f.read() == parsed_config
-    except OSError:
-        return False
+    return parsed_config is None or stored_config_digest(model_dir) == config_digest(parsed_config)
+
+
+def move_aside(root: str, names: Sequence[str]) -> str:
+    """Moves runs `names` (their directories and logs) to a new `<root>/stale/<time>/`,
+    laid out as a study root; deletes nothing. Returns that directory."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    destination, n = os.path.join(root, STALE, stamp), 1
+    while os.path.exists(destination):
+        n += 1
+        destination = os.path.join(root, STALE, f"{stamp}-{n}")
+    os.makedirs(os.path.join(destination, LOGS))
+    for name in names:
+        if os.path.isdir(os.path.join(root, name)):
+            os.rename(os.path.join(root, name), os.path.join(destination, name))
+        for log in (f"{name}.json", f"{name}.log"):
+            if os.path.exists(os.path.join(root, LOGS, log)):
+                os.rename(os.path.join(root, LOGS, log), os.path.join(destination, LOGS, log))
+    return destination
 
 
 def last_error(lines: Sequence[str]) -> str:
@@ -180,7 +226,8 @@ class _Attempt:
 
 def run_study(study: Study, root: str, config_texts: Optional[Mapping[str, str]] = None, parallel: int = 1,
               mode: str = "train_and_eval", echo: bool = True,
-              on_change: Optional[Callable[[], None]] = None, main_py: str = MAIN_PY) -> dict:
+              on_change: Optional[Callable[[], None]] = None, main_py: Optional[str] = MAIN_PY,
+              move_stale: bool = False) -> dict:
     """Runs every unfinished run of the study; returns {run name: last attempt or None}.
 
     Args:
@@ -194,21 +241,37 @@ def run_study(study: Study, root: str, config_texts: Optional[Mapping[str, str]]
       echo: copy the runs' output to stdout, prefixed with `[k/N]`.
       on_change: called after each run ends (e.g. to rewrite the summary).
       main_py: the program each run starts (main.py; tests pass a fake).
+      move_stale: move stale runs (parsed_config.gin not the one in config_texts)
+        aside (`move_aside`) and start them afresh; False: leave them, not started.
 
     Returns:
       name -> the attempt made now ({"exit_code", "error", "wall_time_s", ...}), or
-      None for a run skipped as finished or not started (stopped by a signal).
+      None for a run skipped as finished, stale, or not started (stopped by a signal).
     """
     runs = study.runs()
     os.makedirs(os.path.join(root, LOGS), exist_ok=True)
     outcome = {run.name: None for run in runs}
-    todo = []
+    todo, stale = [], []
     for run in runs:
-        text = (config_texts or {}).get(run.name)
-        if is_finished(os.path.join(root, run.name), text if config_texts is not None else None):
+        text = None if config_texts is None else config_texts.get(run.name)
+        model_dir = os.path.join(root, run.name)
+        if is_stale(model_dir, text):
+            stale.append(run)
+            if move_stale:
+                todo.append(run)
+        elif is_finished(model_dir, text if config_texts is not None else None):
             _say(f"[{run.index + 1}/{len(runs)}] {run.name}: finished, skipped")
         else:
             todo.append(run)
+    if stale and move_stale:
+        moved_to = move_aside(root, [run.name for run in stale])
+        for run in stale:
+            _say(f"[{run.index + 1}/{len(runs)}] {run.name}: stale (its parsed_config.gin is not this study's "
+                 f"configuration); moved to {os.path.join(moved_to, run.name)}, starting afresh")
+    for run in ([] if move_stale else stale):
+        _say(f"[{run.index + 1}/{len(runs)}] {run.name}: stale, not started: its parsed_config.gin is not this "
+             f"study's configuration (a gin file or binding changed since it ran), so main.py would refuse to "
+             f"resume it; rerun with --move_stale to move the old run aside and start afresh")
     processes, threads = worker_count(parallel, available_cores())
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if parallel > 1:

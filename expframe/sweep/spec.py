@@ -31,6 +31,7 @@ from typing import Sequence
 
 from gin import config_parser
 
+from expframe import gin_paths
 from expframe.errors import ConfigError
 from expframe.sweep import naming
 
@@ -187,20 +188,16 @@ def _zip_axis(members: list[tuple[str, tuple[str, ...]]], origin: str) -> Axis:
 
 
 def _find_include(path: str, study_file: str) -> str:
-    """An include's path as main.py can open it: as given if it exists from here,
-    else found next to the study file or in a directory above it."""
+    """An include's path as main.py can open it: as given if it exists from here, else
+    as a gin file's include is found (expframe/gin_paths.py: next to the study file or
+    in a directory above it, the gin search path, the shipped experiments)."""
     if os.path.isabs(path) or os.path.isfile(path):
         return path
-    directory = os.path.dirname(os.path.abspath(study_file))
-    while True:
-        candidate = os.path.join(directory, path)
+    for candidate in gin_paths.candidates(path, including=os.path.abspath(study_file)):
         if os.path.isfile(candidate):
             relative = os.path.relpath(candidate)
             return candidate if relative.startswith("..") else relative
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return path  # config.parse reports the missing file.
-        directory = parent
+    return path  # config.parse reports the missing file.
 
 
 def read_study_file(path: str) -> tuple[list[str], list[str], list[Axis]]:
@@ -210,8 +207,7 @@ def read_study_file(path: str) -> tuple[list[str], list[str], list[Axis]]:
       ConfigError: a missing file, a syntax error, an import, an include after a
         binding, a swept value that is not a list, zipped lists of unequal length.
     """
-    if not os.path.isfile(path):
-        raise ConfigError(f"--study={path}: no such file (studies are under experiments/studies/).")
+    path = gin_paths.resolve(path, what=f"--study={path}")  # a path, or a shipped study by name
     includes, params, axes, groups = [], [], [], {}
     for statement in _statements("", path, filename=path):
         where = f"{path}:{statement.location.line_num}"

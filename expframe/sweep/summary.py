@@ -4,7 +4,9 @@ One row per run, read from the files every run writes (DESIGN.md, Run outputs) a
 the study's own record of each attempt (`logs/<name>.json`):
 
 - `run`, then one column per swept binding: the run's name and values;
-- `status`: `ok` (result.json written), `failed` (exit 1), `config_error` (exit 2),
+- `status`: `ok` (result.json written under the study's configuration), `stale`
+  (its parsed_config.gin is not the study's: its numbers belong to another
+  configuration; rerun with --move_stale), `failed` (exit 1), `config_error` (exit 2),
   `crashed` (killed, or another status), `stopped` (the study was stopped by a
   signal, which it passed on to the run, or exit 0 without a result; rerun to
   resume), `unfinished` (files but no record, e.g. run by Slurm), `pending` (not
@@ -24,9 +26,9 @@ import csv
 import json
 import os
 import statistics
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from expframe.sweep.runner import read_record
+from expframe.sweep.runner import LOGS, is_stale, read_record
 from expframe.sweep.spec import Study
 
 CSV, MARKDOWN = "summary.csv", "summary.md"
@@ -82,8 +84,19 @@ def _status(model_dir: str, result: Optional[dict], attempts: list) -> str:
     return "unfinished" if os.path.isdir(model_dir) else "pending"
 
 
-def collect(study: Study, root: str) -> list[dict]:
-    """One row (column -> value) per run, in the study's order."""
+STALE_ERROR = ("parsed_config.gin is not the study's configuration (a gin file or binding changed since it ran); "
+               "rerun with --move_stale to move the old run aside and start afresh")
+
+
+def collect(study: Study, root: str, config_texts: Optional[Mapping[str, str]] = None) -> list[dict]:
+    """One row (column -> value) per run, in the study's order.
+
+    Args:
+      study: the study.
+      root: its root directory.
+      config_texts: run name -> expected parsed_config.gin text (`spec.validate`); a
+        run whose parsed_config.gin differs is `stale`. None: not checked.
+    """
     keys = study.keys()
     rows = []
     for run in study.runs():
@@ -93,7 +106,8 @@ def collect(study: Study, root: str) -> list[dict]:
         records = read_metrics(model_dir)
         row = {"run": run.name}
         row.update({keys[b]: text.strip("'\"") for b, text in run.values})
-        row["status"] = _status(model_dir, result, attempts)
+        stale = config_texts is not None and is_stale(model_dir, config_texts.get(run.name))
+        row["status"] = "stale" if stale else _status(model_dir, result, attempts)
         row["exit_code"] = attempts[-1]["exit_code"] if attempts else (0 if result else None)
         steps = [r["step"] for r in records]
         row["step"] = result["step"] if result else (max(steps) if steps else None)
@@ -110,8 +124,38 @@ def collect(study: Study, root: str) -> list[dict]:
         row["error"] = attempts[-1]["error"] if attempts and row["status"] != "ok" else ""
         if row["status"] == "stopped" and attempts[-1].get("stopped_by"):
             row["error"] = f"stopped by {attempts[-1]['stopped_by']}; rerun the study to resume"
+        if stale:
+            row["error"] = STALE_ERROR
         rows.append(row)
     return rows
+
+
+_ADVICE = {  # status -> what to do about such runs
+    "stale": "rerun with --move_stale to move them aside and start afresh",
+    "stopped": "rerun the same command to resume",
+    "pending": "rerun the same command to run",
+    "unfinished": "wait for the jobs running them, or rerun (or resubmit) to resume",
+    "failed": "see their logs in {logs}",
+    "config_error": "see their logs in {logs}",
+    "crashed": "see their logs in {logs}",
+}
+
+
+def not_ok_line(rows: Sequence[dict], root: str, shown: int = 4) -> Optional[str]:
+    """One line naming the runs whose status is not `ok` and what to do, or None."""
+    by_status: dict[str, list[str]] = {}
+    for row in rows:
+        if row["status"] != "ok":
+            by_status.setdefault(row["status"], []).append(row["run"])
+    if not by_status:
+        return None
+    parts = []
+    for status, names in by_status.items():
+        listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+        advice = _ADVICE.get(status, "see their logs in {logs}").format(logs=os.path.join(root, LOGS))
+        parts.append(f"{len(names)} {status} ({listed}): {advice}")
+    count = sum(len(n) for n in by_status.values())
+    return f"{count} of {len(rows)} run(s) not ok: " + "; ".join(parts) + "."
 
 
 def columns(rows: Sequence[dict], study: Study) -> list[str]:
@@ -146,9 +190,10 @@ def markdown(rows: Sequence[dict], cols: Sequence[str], title: str, command: str
     return "\n".join(lines) + "\n"
 
 
-def write_summary(study: Study, root: str, command: str = "") -> list[dict]:
-    """Writes `<root>/summary.csv` and `<root>/summary.md`; returns the rows."""
-    rows = collect(study, root)
+def write_summary(study: Study, root: str, command: str = "",
+                  config_texts: Optional[Mapping[str, str]] = None) -> list[dict]:
+    """Writes `<root>/summary.csv` and `<root>/summary.md` (`collect`'s rows); returns the rows."""
+    rows = collect(study, root, config_texts)
     cols = columns(rows, study)
     os.makedirs(root, exist_ok=True)
     tmp = os.path.join(root, f".{CSV}.tmp")

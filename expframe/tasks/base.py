@@ -45,6 +45,8 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
+from expframe.errors import ConfigError
+
 
 class Task:
     """Base class; subclasses override what they need (see module docstring)."""
@@ -96,3 +98,24 @@ class Task:
 
     def write_outputs(self, model_dir: str, step: int) -> None:
         """Optional artefacts written by the chief after each evaluation."""
+
+
+def check_step_output(task: Task, method: str, out, key: str, contract: str):
+    """`out` if it is a dict holding `key`; else a ConfigError naming the Task contract.
+
+    Runs while the step is traced (Python), so a task that breaks the contract stops
+    at its first step with one line, not a KeyError from deep inside the trainer."""
+    if isinstance(out, dict) and key in out:
+        return out
+    got = f"a dict with the keys {sorted(out)}" if isinstance(out, dict) else f"a {type(out).__name__}"
+    error = ConfigError(f"{type(task).__name__}.{method} returned {got}, without {key!r}: {contract} "
+                        "(the Task contract: docs/extending.md).")
+    task.contract_error = error  # tf.function re-raises it as a StagingError: see `contract_error`
+    raise error
+
+
+def contract_error(task: Task, error: Exception) -> Exception:
+    """The ConfigError `check_step_output` raised while `task`'s step was traced (which
+    TensorFlow re-raised as another type), else `error` itself."""
+    found = getattr(task, "contract_error", None)
+    return found if isinstance(found, ConfigError) else error

@@ -87,9 +87,8 @@ class ClassificationTask(Task):
             loss = cross_entropy
             if self.weight_decay:
                 loss += self.weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in self._decayed])
-            scaled = self.optimizer.scale_loss(loss)
-        variables = self.model.trainable_variables
-        self.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables, strict=True))
+        # Scales the loss under loss scaling (mixed_float16), unscales, averages, applies.
+        self.optimizer.minimize(loss, self.model.trainable_variables, tape)
         correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), tf.cast(labels, tf.int32)), tf.float32)
         return {"loss": loss, "cross_entropy": cross_entropy, "accuracy": tf.reduce_mean(correct)}
 

@@ -31,9 +31,13 @@ The learner step (Acme's D4PG learner):
 Checkpoints hold the networks, target networks, optimizers, and the acting state:
 the replay (rows, priorities, sampler state), the actor's counters and noise state.
 A resumed run continues from that replay and counters; the episode in progress at
-the checkpoint is dropped and the actor starts a new one (the environment reseeded
-from the seed and the episode count), so resuming loses no replayed experience but
-is not bit-identical to an uninterrupted run.
+the checkpoint is dropped and the actor starts a new one, so resuming loses no
+replayed experience but is not bit-identical to an uninterrupted run. Random streams
+never restart on resume: the synchronous actor's noise generator continues from the
+checkpoint and its environment is reseeded from `actor_seeds(seed, 0, 0, step)` (step:
+the learner step resumed from); actor processes (`num_actors > 0`) take their seeds
+from `actor_seeds(seed, actor id, restart count, step)`, so a restarted actor and the
+actors of a resumed learner act with new episodes and noise.
 """
 
 import io
@@ -50,7 +54,7 @@ import tensorflow as tf
 import expframe as xf
 from expframe.models.d4pg import d4pg_critic, d4pg_policy
 from expframe.rl import losses
-from expframe.rl.actors import PolicyExecutor, SynchronousActor, episode_returns
+from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds, episode_returns
 from expframe.rl.adders import NStepAdder
 from expframe.rl.environments import control_suite
 from expframe.rl.learner_input import PreparedBatches
@@ -97,7 +101,8 @@ class D4PGTask(Task):
       dqda_clipping: norm bound on dQ/da in the policy loss (None: off).
       eval_episodes: episodes per evaluation, noiseless policy.
       num_actors: 0 acts in this process (`synchronous`); K > 0 starts K actor
-        processes fed weights and sending transitions over RPC (`expframe.rl.actor_pool`).
+        processes fed weights and sending transitions over RPC (`expframe.rl.actor_pool`),
+        each seeded from (run seed, actor id, restart count, resume step).
       actor_sigmas: exploration sigma per actor process (None: `sigma` for all).
       weights_every: environment steps between an actor's weight fetches.
       max_actor_restarts: actor restarts allowed over the run, all actors together.
@@ -171,7 +176,7 @@ class D4PGTask(Task):
                 f"D4PGTask acts in the learner's process (synchronous mode), which needs one host; "
                 f"Replicator.target={replicator.target!r} runs several: use 'cpu', 'gpu' or 'tpu'.")
         env_seed, eval_seed, replay_seed, noise_seed = np.random.SeedSequence(seed).generate_state(4)
-        self._env_seed = int(env_seed)
+        self._reseed_at_resume = False   # set by restore_acting; done at the first host call
         self.environment = self._environment_fn(seed=int(env_seed))
         self.eval_environment = self._environment_fn(seed=int(eval_seed))
         obs, act = self.environment.observation_size, self.environment.action_size
@@ -250,11 +255,11 @@ class D4PGTask(Task):
                 dq_tape.watch(policy_actions)
                 q_values = self._expected(self.critic([observations, policy_actions]))
             actor_loss = tf.reduce_mean(losses.dpg_loss(q_values, policy_actions, dq_tape, self.dqda_clipping))
-        critic_variables, policy_variables = self.critic.trainable_variables, self.policy.trainable_variables
-        critic_gradients = critic_tape.gradient(critic_loss, critic_variables)
-        policy_gradients = actor_tape.gradient(actor_loss, policy_variables)
-        self.critic_optimizer.apply_gradients(zip(critic_gradients, critic_variables, strict=True))
-        self.actor_optimizer.apply_gradients(zip(policy_gradients, policy_variables, strict=True))
+        # minimize scales each loss under loss scaling (mixed_float16), then unscales,
+        # averages over replicas, clips and applies. The policy's gradient does not
+        # read the critic's weights (dQ/da is fixed above), so the order is free.
+        self.critic_optimizer.minimize(critic_loss, self.critic.trainable_variables, critic_tape)
+        self.actor_optimizer.minimize(actor_loss, self.policy.trainable_variables, actor_tape)
 
         tf.numpy_function(self._receive, [batch["key"], td_error], [], stateful=True)
         return {"loss": critic_loss, "critic_loss": critic_loss, "actor_loss": actor_loss,
@@ -281,6 +286,11 @@ class D4PGTask(Task):
         if self.num_actors:
             self._act_remotely(step, num_steps)
         else:
+            if self._reseed_at_resume and hasattr(self.environment, "reseed"):
+                # A new environment stream for the episodes after a resume at `step` (the
+                # noise generator continues from the checkpoint): not the run's first one.
+                self.environment.reseed(actor_seeds(self.seed, 0, 0, step)[0])
+            self._reseed_at_resume = False
             self.actor.update(self.policy.get_weights())
             due = self._env_steps_due(step + num_steps) - self.actor.env_steps
             if due > 0:
@@ -344,7 +354,8 @@ class D4PGTask(Task):
             shapes = {"observation": (obs,), "action": (act,), "reward": (), "discount": (), "next_observation": (obs,)}
             self.actor_pool = ActorPool(self.policy.get_weights(), shapes, self.num_actors, self.actor_sigmas,
                                         self.seed, self.weights_every, capacity=self.max_replay_size,
-                                        max_restarts=self.max_actor_restarts, address=self.actor_service_address)
+                                        max_restarts=self.max_actor_restarts, address=self.actor_service_address,
+                                        resume_step=step)
             self._insert_offset, self._learner_wait_s, self._remote_started = self.replay.inserted, 0.0, None
         pool = self.actor_pool
         pool.service.publish(self.policy.get_weights())
@@ -395,8 +406,7 @@ class D4PGTask(Task):
     def restore_acting(self, arrays: Dict[str, np.ndarray]) -> None:
         self.replay.restore({k[len("replay/"):]: v for k, v in arrays.items() if k.startswith("replay/")})
         self.actor.restore({k[len("actor/"):]: v for k, v in arrays.items() if k.startswith("actor/")})
-        if hasattr(self.environment, "reseed"):
-            self.environment.reseed(self._env_seed + self.actor.episodes)
+        self._reseed_at_resume = True
 
 
 class _ActingState(tf.train.experimental.PythonState):

@@ -6,7 +6,9 @@ One train step (replica context, single-device-looking code):
     go through the discriminator as one batch (it has no batch norm, so this is
     the same as two calls, and does one spectral-norm power iteration per update);
   * one generator update on fresh noise, against the discriminator just trained
-    (called with training=False: its spectral-norm vectors are not advanced);
+    (called with training=False: its spectral-norm vectors are not advanced), on
+    `generator_batch_ratio` x the discriminator's global batch (the official
+    ImageNet code draws 2x: `n_gen_samples`);
   * optionally, an exponential moving average of the generator's weights
     (`ema_decay`; its batch-norm statistics and spectral-norm vectors are copied),
     which then makes the samples, the grids and the metrics.
@@ -17,6 +19,21 @@ are averaged over replicas by `wrap_optimizer`, batch-norm moments over the glob
 batch by `SyncBatchNorm`; noise and labels come from the input pipeline, drawn per
 global step (expframe/tasks/gan_inputs.py). So 1 and N replicas take the same
 update on the same global batch.
+
+Standing statistics of the moving average. The copied batch-norm statistics
+describe the activations of the online generator's weights, not of the averaged
+ones. With `ema_standing_passes` K > 0, before each evaluation (and so for its
+grid) the task re-estimates them (BigGAN's "standing statistics"): K training-mode
+passes of the averaged generator on the generator's global batch of noise and uniform labels
+(drawn from stateless seeds of `eval_seed`: the same at every evaluation, on any
+replica count), batch norm synchronised over replicas as in training; each batch
+norm's moving mean and variance become the mean over the passes of its global-batch
+mean and (biased) variance. They are used for the evaluation's samples only: the
+copied statistics are put back after it, so checkpoints and training do not see
+them. `ema_standing_passes = 0` (the default) samples with the copied statistics:
+on `sngan_shapes` standing statistics (16 passes) gave a worse FID and sample
+accuracy at the final step than the copied ones (README, SN-GAN;
+benchmarks/sngan_standing_stats.py).
 
 Evaluation (`evaluate`): `num_eval_samples` images from the sampling generator
 (noise seeded per sample, labels balanced over the classes) and as many real ones
@@ -43,7 +60,8 @@ import expframe as xf
 from expframe.metrics.feature_networks import FeatureNetwork
 from expframe.metrics.pipeline import ReplicatedFeatures, sample_scores
 from expframe.metrics.scores import statistics
-from expframe.tasks import gan_inputs
+from expframe.schedules import updates_per_step
+from expframe.tasks import gan_inputs, gan_standing
 from expframe.tasks.base import Task
 
 LOSSES = ("hinge", "non_saturating")
@@ -66,6 +84,18 @@ def generator_loss(kind: str, fake: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.nn.softplus(-fake))
 
 
+def generator_batch(ratio: float, global_batch_size: int, num_replicas: int) -> int:
+    """The generator's global batch: ratio x the discriminator's, checked to be a whole
+    number of examples divisible by the replicas (ConfigError otherwise)."""
+    examples = ratio * global_batch_size
+    if examples != int(examples) or int(examples) % num_replicas:
+        raise xf.ConfigError(
+            f"GANTask.generator_batch_ratio={ratio!r} x Trainer.global_batch_size={global_batch_size} = "
+            f"{examples:g} generator examples per update, not a whole number divisible by the {num_replicas} "
+            "replicas; change either binding.")
+    return int(examples)
+
+
 @gin.configurable
 class GANTask(Task):
     """Trains a class-conditional generator against a discriminator (see module docstring).
@@ -83,9 +113,17 @@ class GANTask(Task):
         (None: Adam(2e-4, beta1=0, beta2=0.9)); bind with gin scopes `generator/` and
         `discriminator/`.
       disc_steps: discriminator updates per generator update (per train step).
+      generator_batch_ratio: the generator's global batch per update as a multiple of
+        the discriminator's (`Trainer.global_batch_size`); the product must be a whole
+        number divisible by the replicas. 1: the same batch; the official SN-GAN
+        ImageNet code uses 2 (`n_gen_samples` 32 against `batchsize` 16 per GPU).
       loss: 'hinge' or 'non_saturating'.
       ema_decay: decay of the moving average of the generator's weights (None: off).
       ema_start_step: before this many generator updates the average copies the weights.
+      ema_standing_passes: training-mode passes of the averaged generator, each on the
+        generator's global batch, that re-estimate its batch-norm statistics before
+        each evaluation (see module docstring); 0 (the default): sample with the
+        statistics copied from the online generator.
       feature_network: `fn() -> FeatureNetwork` for the metrics (e.g. `@shapes_classifier`,
         `@inception_network`); None: no metrics (grids only).
       num_eval_samples: N generated and N real images per evaluation.
@@ -101,8 +139,9 @@ class GANTask(Task):
                  image_size: int = gin.REQUIRED, num_classes: int = gin.REQUIRED,
                  generator_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
                  discriminator_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
-                 disc_steps: int = 5, loss: str = "hinge", ema_decay: Optional[float] = None,
-                 ema_start_step: int = 0, feature_network: Optional[Callable[[], FeatureNetwork]] = None,
+                 disc_steps: int = 5, generator_batch_ratio: float = 1, loss: str = "hinge",
+                 ema_decay: Optional[float] = None, ema_start_step: int = 0, ema_standing_passes: int = 0,
+                 feature_network: Optional[Callable[[], FeatureNetwork]] = None,
                  num_eval_samples: int = 10_000, inception_splits: int = 10, train_split: str = "train",
                  metric_split: str = "train", grid_columns: int = 10, grid_classes: int = 10, eval_seed: int = 1234):
         for name, value in (("disc_steps", disc_steps), ("image_size", image_size), ("num_classes", num_classes),
@@ -110,6 +149,13 @@ class GANTask(Task):
                             ("grid_columns", grid_columns), ("grid_classes", grid_classes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise xf.ConfigError(f"GANTask.{name}={value!r} must be a positive integer.")
+        if isinstance(ema_standing_passes, bool) or not isinstance(ema_standing_passes, int) \
+                or ema_standing_passes < 0:
+            raise xf.ConfigError(f"GANTask.ema_standing_passes={ema_standing_passes!r} must be an integer >= 0 "
+                                 "(0: sample with the copied batch-norm statistics).")
+        if isinstance(generator_batch_ratio, bool) or not isinstance(generator_batch_ratio, (int, float)) \
+                or not generator_batch_ratio > 0:
+            raise xf.ConfigError(f"GANTask.generator_batch_ratio={generator_batch_ratio!r} must be a number > 0.")
         if loss not in LOSSES:
             raise xf.ConfigError(f"GANTask.loss={loss!r}: use one of {', '.join(LOSSES)}.")
         if ema_decay is not None and not 0.0 < ema_decay < 1.0:
@@ -119,19 +165,24 @@ class GANTask(Task):
         self._discriminator_opt_fn = discriminator_optimizer or default_adam
         self._feature_fn = feature_network
         self.image_size, self.num_classes, self.disc_steps, self.loss = image_size, num_classes, disc_steps, loss
-        self.ema_decay, self.ema_start_step = ema_decay, ema_start_step
+        self.ema_decay, self.ema_start_step, self.ema_standing_passes = ema_decay, ema_start_step, ema_standing_passes
+        self.generator_batch_ratio = generator_batch_ratio
         self.num_eval_samples, self.inception_splits, self.eval_seed = num_eval_samples, inception_splits, eval_seed
         self.train_split, self.metric_split = train_split, metric_split
         self.grid_columns, self.grid_classes = grid_columns, grid_classes
         self._real_stats = None
         self._features = None
         self._summary_writer = None
+        self._standing = None       # (generator updates, [(variable, standing value)]) of the last evaluation
+        self._standing_estimator = None
 
     # -- set-up --------------------------------------------------------------------------
 
     def setup(self, replicator, global_batch_size: int, seed: int, deterministic: bool) -> None:
         super().setup(replicator, global_batch_size, seed, deterministic)
         self.examples_per_step = global_batch_size * self.disc_steps  # real images per step
+        self.generator_batch_size = generator_batch(self.generator_batch_ratio, global_batch_size,
+                                                    replicator.num_replicas)
         self.feature_network = self._feature_fn() if self._feature_fn else None
         net = self.feature_network
         if net is not None and getattr(net, "image_size", self.image_size) != self.image_size:
@@ -150,9 +201,15 @@ class GANTask(Task):
         if got != (self.image_size, self.image_size, 3):
             raise xf.ConfigError(f"GANTask.generator makes images of shape {got}, not "
                                  f"({self.image_size}, {self.image_size}, 3) (GANTask.image_size).")
-        self.generator_optimizer = xf.wrap_optimizer(self._generator_opt_fn())
+        # A schedule that counts steps (ConstantThenLinearDecay) takes each player's
+        # updates per train step: the generator 1, the discriminator disc_steps.
+        with updates_per_step(1):
+            generator_optimizer = self._generator_opt_fn()
+        self.generator_optimizer = xf.wrap_optimizer(generator_optimizer)
         self.generator_optimizer.build(self.generator.trainable_variables)
-        self.discriminator_optimizer = xf.wrap_optimizer(self._discriminator_opt_fn())
+        with updates_per_step(self.disc_steps):
+            discriminator_optimizer = self._discriminator_opt_fn()
+        self.discriminator_optimizer = xf.wrap_optimizer(discriminator_optimizer)
         self.discriminator_optimizer.build(self.discriminator.trainable_variables)
         self.generator_ema = None
         if self.ema_decay is not None:
@@ -164,6 +221,12 @@ class GANTask(Task):
     def sampler(self) -> keras.Model:
         """The generator that makes samples: the moving average if there is one."""
         return self.generator_ema if self.generator_ema is not None else self.generator
+
+    @property
+    def standing_statistics(self) -> Optional[Dict[str, np.ndarray]]:
+        """The moving average's standing batch-norm statistics estimated by the last
+        evaluation, by variable path (None: none estimated, see `ema_standing_passes`)."""
+        return None if self._standing is None else {v.path: value for v, value in self._standing[1]}
 
     def trackables(self) -> Dict[str, Any]:
         out = {"generator": self.generator, "discriminator": self.discriminator,
@@ -193,7 +256,7 @@ class GANTask(Task):
                 split=self.train_split, ctx=real_ctx, batch_size=per_replica, training=True, seed=self.seed,
                 deterministic=self.deterministic))
         return gan_inputs.train_elements(real, ctx, self.disc_steps, self.global_batch_size, self.z_dim,
-                                         self.num_classes, self.seed)
+                                         self.num_classes, self.seed, generator_batch=self.generator_batch_size)
 
     def _discriminator_step(self, real, labels, z, fake_labels):
         fake = self.generator([z, fake_labels], training=True)
@@ -203,9 +266,7 @@ class GANTask(Task):
                              tf.float32)
             d_real, d_fake = tf.split(scores, 2)
             loss = discriminator_loss(self.loss, d_real, d_fake)
-            scaled = self.discriminator_optimizer.scale_loss(loss)
-        variables = self.discriminator.trainable_variables
-        self.discriminator_optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables, strict=True))
+        self.discriminator_optimizer.minimize(loss, self.discriminator.trainable_variables, tape)
         return loss, tf.reduce_mean(d_real), tf.reduce_mean(d_fake)
 
     def _generator_step(self, z, labels):
@@ -213,9 +274,7 @@ class GANTask(Task):
             fake = self.generator([z, labels], training=True)
             scores = tf.cast(self.discriminator([fake, labels], training=False), tf.float32)
             loss = generator_loss(self.loss, scores)
-            scaled = self.generator_optimizer.scale_loss(loss)
-        variables = self.generator.trainable_variables
-        self.generator_optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables, strict=True))
+        self.generator_optimizer.minimize(loss, self.generator.trainable_variables, tape)
         return loss
 
     def _update_ema(self):
@@ -263,11 +322,32 @@ class GANTask(Task):
     def _fake_images(self, element):
         return self.sampler([element["z"], element["label"]], training=False), element["label"]
 
+    def _estimate_standing_statistics(self) -> None:
+        """Standing statistics of the moving average (module docstring), kept for the
+        samples of this evaluation; runs on every replica and worker."""
+        self._standing = None
+        if self.generator_ema is None or not self.ema_standing_passes:
+            return
+        if self._standing_estimator is None:
+            self._standing_estimator = gan_standing.StandingStatistics(self.replicator, self.generator_ema)
+        batch, passes = self.generator_batch_size, self.ema_standing_passes
+        values = self._standing_estimator.estimate(
+            lambda ctx: gan_inputs.standing_inputs(ctx, passes, batch, self.z_dim, self.num_classes,
+                                                   self.eval_seed), passes, batch)
+        self._standing = (int(self.generator_optimizer.iterations.numpy()), values)
+
+    def _sampling_statistics(self):
+        """Context: the sampler's batch norms use the standing statistics of the last
+        evaluation, if it was at the current step (else the copied ones: `evaluate` first)."""
+        fresh = self._standing is not None and self._standing[0] == int(self.generator_optimizer.iterations.numpy())
+        return gan_standing.applied(self._standing[1] if fresh else [])
+
     @staticmethod
     def _real_images(element):
         return element["image"], element["label"]
 
     def evaluate(self, runner) -> Optional[Dict[str, float]]:
+        self._estimate_standing_statistics()  # also for the grid that write_outputs draws next
         if self.feature_network is None:
             return None
         pipeline, batch, n = self._pipeline(), runner.global_batch_size, self.num_eval_samples
@@ -275,20 +355,23 @@ class GANTask(Task):
             real = pipeline.collect(lambda ctx: self._metric_input(ctx, batch), self._real_images, n, batch)
             self._real_stats = statistics(real["features"])
         steps = -(-n // batch)
-        fake = pipeline.collect(
-            lambda ctx: gan_inputs.sample_inputs(ctx, steps, batch, self.z_dim, self.num_classes, self.eval_seed),
-            self._fake_images, n, batch)
+        with self._sampling_statistics():
+            fake = pipeline.collect(
+                lambda ctx: gan_inputs.sample_inputs(ctx, steps, batch, self.z_dim, self.num_classes, self.eval_seed),
+                self._fake_images, n, batch)
         return sample_scores(fake, self._real_stats, self.inception_splits, self.feature_network.labels_match_data)
 
     # -- outputs -------------------------------------------------------------------------
 
     def sample_grid(self) -> np.ndarray:
-        """uint8 [rows * S, columns * S, 3]: row r shows class rows[r], column c the same noise."""
+        """uint8 [rows * S, columns * S, 3]: row r shows class rows[r], column c the same noise
+        (with the standing statistics of an evaluation at this step, if there was one)."""
         rows = np.unique(np.linspace(0, self.num_classes - 1, min(self.grid_classes, self.num_classes)).astype(int))
         z = tf.random.stateless_normal([self.grid_columns, self.z_dim], seed=[self.eval_seed + 1, 0])
         z = tf.tile(z, [len(rows), 1])
         labels = tf.constant(np.repeat(rows, self.grid_columns), tf.int32)
-        images = self.sampler([z, labels], training=False).numpy()
+        with self._sampling_statistics():
+            images = self.sampler([z, labels], training=False).numpy()
         s = self.image_size
         pixels = np.clip(np.round((images + 1.0) * 127.5), 0, 255).astype(np.uint8)
         return pixels.reshape(len(rows), self.grid_columns, s, s, 3).swapaxes(1, 2).reshape(

@@ -1,5 +1,6 @@
 """Input for GAN tasks: train elements of `disc_steps` sub-batches with their noise,
-sample noise indexed globally, and ImageNet scaled to [-1, 1] for a generator.
+sample noise indexed globally, noise for standing statistics, and ImageNet scaled to
+[-1, 1] for a generator.
 
 Replica-count invariance. A dataset function gives per-replica batches in which
 each run of `local` consecutive batches is one global batch (replica i of a worker
@@ -10,18 +11,21 @@ hold the i-th per-replica batch of `disc_steps` consecutive global batches:
 out. The noise and the labels of generated images are drawn in the pipeline from
 stateless seeds (seed, stream, global step) for the whole global batch, each
 replica keeping its own rows; so every global step sees the same real images, the
-same noise and the same fake labels on 1 or N replicas.
+same noise and the same fake labels on 1 or N replicas. The generator's update
+may take a batch of its own size (`generator_batch`, e.g. twice the discriminator's
+as in the official SN-GAN ImageNet code), drawn the same way over its global batch.
 """
 
-from typing import Callable
+from typing import Callable, Optional
 
 import gin
 import tensorflow as tf
 
 from expframe.data import imagenet
 
-# Independent random streams of one train step.
-_FAKE_Z, _FAKE_LABEL, _GEN_Z, _GEN_LABEL = range(4)
+# Independent random streams of one train step, and of the standing-statistics passes
+# (seeded by the evaluation seed; streams 4, 5 never meet a train stream of any seed).
+_FAKE_Z, _FAKE_LABEL, _GEN_Z, _GEN_LABEL, _STANDING_Z, _STANDING_LABEL = range(6)
 
 
 def _seed(seed: int, stream: int, step) -> tf.Tensor:
@@ -55,7 +59,7 @@ class _RealContext(tf.distribute.InputContext):
 
 def train_elements(dataset_fn: Callable[[tf.distribute.InputContext, int], tf.data.Dataset],
                    ctx: tf.distribute.InputContext, disc_steps: int, global_batch: int, z_dim: int,
-                   num_classes: int, seed: int) -> tf.data.Dataset:
+                   num_classes: int, seed: int, generator_batch: Optional[int] = None) -> tf.data.Dataset:
     """Per-replica train elements of a GAN step (see module docstring).
 
     Resuming. Each element (one train step) holds `disc_steps * global_batch` real
@@ -74,14 +78,18 @@ def train_elements(dataset_fn: Callable[[tf.distribute.InputContext, int], tf.da
       global_batch: examples per sub-batch over all replicas.
       z_dim, num_classes: of the generator.
       seed: the run's seed.
+      generator_batch: examples of the generator's update over all replicas (None:
+        global_batch); a multiple of the replicas.
 
     Returns:
       Elements {"image" [d * b, H, W, 3], "label" [d * b], "fake_z" [d * b, z_dim],
-      "fake_label" [d * b], "gen_z" [b, z_dim], "gen_label" [b]} (sub-batch j is
-      rows j * b .. (j + 1) * b - 1).
+      "fake_label" [d * b], "gen_z" [g, z_dim], "gen_label" [g]} (sub-batch j is
+      rows j * b .. (j + 1) * b - 1; g = generator_batch per replica).
     """
     local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
     b = ctx.get_per_replica_batch_size(global_batch)
+    generator_batch = global_batch if generator_batch is None else generator_batch
+    g = ctx.get_per_replica_batch_size(generator_batch)
     per_step = disc_steps * global_batch
     start = int(getattr(ctx, "start_example", 0))
     first_step = start // per_step
@@ -104,15 +112,17 @@ def train_elements(dataset_fn: Callable[[tf.distribute.InputContext, int], tf.da
 
     def add_noise(example, k):
         element, replica = k // local, k % local
-        first = (ctx.input_pipeline_id * local + tf.cast(replica, tf.int32)) * b
+        replica_index = ctx.input_pipeline_id * local + tf.cast(replica, tf.int32)
+        first, first_gen = replica_index * b, replica_index * g
         steps = [element * disc_steps + j for j in range(disc_steps)]
         out = dict(example)
         out["fake_z"] = tf.concat([global_rows(seed, _FAKE_Z, t, global_batch, first, b, z_dim=z_dim)
                                    for t in steps], axis=0)
         out["fake_label"] = tf.concat([global_rows(seed, _FAKE_LABEL, t, global_batch, first, b,
                                                    num_classes=num_classes) for t in steps], axis=0)
-        out["gen_z"] = global_rows(seed, _GEN_Z, element, global_batch, first, b, z_dim=z_dim)
-        out["gen_label"] = global_rows(seed, _GEN_LABEL, element, global_batch, first, b, num_classes=num_classes)
+        out["gen_z"] = global_rows(seed, _GEN_Z, element, generator_batch, first_gen, g, z_dim=z_dim)
+        out["gen_label"] = global_rows(seed, _GEN_LABEL, element, generator_batch, first_gen, g,
+                                       num_classes=num_classes)
         return out
 
     elements = tf.data.Dataset.zip(real, tf.data.Dataset.counter(first_step * local))
@@ -141,6 +151,26 @@ def sample_inputs(ctx: tf.distribute.InputContext, num_global_batches: int, glob
         return {"z": z, "label": tf.cast(index % num_classes, tf.int32)}
 
     return tf.data.Dataset.range(num_global_batches * local).map(element, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def standing_inputs(ctx: tf.distribute.InputContext, num_passes: int, global_batch: int, z_dim: int,
+                    num_classes: int, seed: int) -> tf.data.Dataset:
+    """Per-replica {"z", "label"} of `num_passes` global batches for standing statistics.
+
+    Pass p draws the noise and uniform labels of its whole global batch from the
+    stateless seeds (seed, stream, p), each replica keeping its rows: the same
+    global batches on 1 or N replicas, and at every evaluation.
+    """
+    local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+    b = ctx.get_per_replica_batch_size(global_batch)
+
+    def element(k):
+        p, replica = k // local, k % local
+        first = (ctx.input_pipeline_id * local + tf.cast(replica, tf.int32)) * b
+        return {"z": global_rows(seed, _STANDING_Z, p, global_batch, first, b, z_dim=z_dim),
+                "label": global_rows(seed, _STANDING_LABEL, p, global_batch, first, b, num_classes=num_classes)}
+
+    return tf.data.Dataset.range(num_passes * local).map(element)
 
 
 @gin.configurable

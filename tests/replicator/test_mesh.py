@@ -4,6 +4,7 @@ slots are split like their variables; checkpoints move between mesh shapes."""
 import os
 
 import gin
+import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
@@ -79,6 +80,41 @@ class MeshTest(TestCase):
             for slot in run.opt.slots[index[id(kernel)]]:
                 self.assertEqual(mesh.shard_shapes(slot), [quarter] * 4)
                 self.assertEqual(mesh.axes_of(slot), mesh.axes_of(kernel))
+
+    @parameterized.named_parameters(("adam", 0.9, 0.999), ("sgd", 0.0, None))
+    def test_schedule_sees_the_count_before_the_update_as_keras(self, beta_1, beta_2):
+        """A schedule equal to the step: Keras passes 0 at the first update, so it moves
+        nothing; MeshAdam used to pass 1 (read after the increment), one step late."""
+        class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
+            def __call__(self, step):
+                return 0.1 * tf.cast(step, tf.float32)
+
+            def get_config(self):
+                return {}
+
+        grads = [np.array([0.5, -1.0, 2.0], np.float32), np.array([1.0, 1.0, -0.5], np.float32),
+                 np.array([-0.25, 0.5, 1.0], np.float32)]
+        with mesh.use_mesh(mesh.make_mesh({"batch": 1, "model": 1})):
+            variable = mesh.variable(lambda: tf.ones([3]), axes=(None,))
+            opt = MeshAdam(learning_rate=StepSchedule(), beta_1=beta_1, beta_2=beta_2)
+            opt.build([variable])
+            step = tf.function(lambda g: opt.apply([g], [variable]))
+            got = []
+            for g in grads:
+                step(mesh.replicate(g))
+                got.append(mesh.to_host(variable))
+        reference = tf.Variable(tf.ones([3]))
+        if beta_2 is None:
+            keras_opt = keras.optimizers.SGD(StepSchedule(), momentum=beta_1)
+        else:
+            keras_opt = keras.optimizers.Adam(StepSchedule(), beta_1=beta_1, beta_2=beta_2, epsilon=1e-7)
+        want = []
+        for g in grads:
+            keras_opt.apply_gradients([(tf.constant(g), reference)])
+            want.append(reference.numpy())
+        np.testing.assert_array_equal(got[0], np.ones(3))  # rate 0 at the first update
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"after update {i + 1}")
 
     def test_conv_stem_trains_the_same_on_1x1_and_2x2(self):
         runs = {shape: Run(*shape, stem_widths=(8,)) for shape in ((1, 1), (2, 2))}

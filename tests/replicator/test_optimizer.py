@@ -81,7 +81,7 @@ class Trainer:
     """
 
     def __init__(self, rep, accumulate_steps=1, clip=None, make_opt=None, loss_scale=None, norm=True,
-                 entry="replicator"):
+                 entry="replicator", gradients="scale_loss"):
         self.rep, self.entry = rep, entry
         with rep.scope():
             self.model = _model(norm)
@@ -90,11 +90,19 @@ class Trainer:
                                          clip_global_norm=clip, loss_scale=loss_scale)
 
         def step(x, y, w):
+            variables = self.model.trainable_variables
+            if gradients == "minimize_fn":  # the loss as a function: minimize records it
+                return self.opt.minimize(lambda: _loss(self.model, x, y, w), variables)
             with tf.GradientTape() as tape:
                 loss = _loss(self.model, x, y, w)
-                scaled = self.opt.scale_loss(loss)
-            grads = tape.gradient(scaled, self.model.trainable_variables)
-            self.opt.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+                scaled = self.opt.scale_loss(loss) if gradients != "forget" else None
+            if gradients == "minimize":
+                self.opt.minimize(loss, variables, tape)
+                return loss
+            # "forget": the D4PG mistake, gradients of the loss, never scaled; "unused":
+            # scale_loss called, but the unscaled loss differentiated.
+            grads = tape.gradient(scaled if gradients == "scale_loss" else loss, variables)
+            self.opt.apply_gradients(zip(grads, variables, strict=True))
             return loss
 
         self._step_fn = step
@@ -241,6 +249,44 @@ class OptimizerTest(support.TestCase):
         reference.train([(x, y)])
         self.assertWeightsClose(trainer.weights(), reference.weights(), atol=1e-5)
         self.assertGreater(np.abs(trainer.weights()[0] - before[0]).max(), 1e-4)
+
+    @parameterized.named_parameters(("minimize_dynamic_scale", "minimize", "dynamic"),
+                                    ("minimize_a_loss_function_fixed_scale", "minimize_fn", 128.0))
+    def test_minimize_is_the_whole_update(self, gradients, loss_scale):
+        """One call scales, differentiates, unscales, averages and applies: 2 replicas
+        with loss scaling take the updates of plain Keras on one device."""
+        batches = _batches(3)
+        reference = PlainKeras(norm=False).train(batches)
+        trainer = Trainer(support.replicator("cpu", 2), loss_scale=loss_scale, norm=False, gradients=gradients)
+        trainer.train(batches)
+        self.assertEqual(int(trainer.opt.iterations.numpy()), 3)
+        self.assertWeightsClose(trainer.weights(), reference.weights())
+
+    @parameterized.named_parameters(("forgotten_dynamic_scale", "dynamic", "replicator", "forget"),
+                                    ("scaled_but_unused_fixed_scale_in_a_loop", 64.0, "loop", "unused"),
+                                    ("forgotten_eagerly", "dynamic", "eager", "forget"))
+    def test_gradients_of_an_unscaled_loss_are_refused(self, loss_scale, entry, gradients):
+        """With loss scaling on, apply_gradients refuses gradients that did not come from
+        scale_loss or minimize (they would be divided by the scale), naming the step.
+        Traced, each gradient must descend from the scale; eagerly, scale_loss must
+        have been called (an unused scaled loss is caught only when traced)."""
+        trainer = Trainer(support.replicator("cpu", 2 if entry != "eager" else 1), loss_scale=loss_scale,
+                          norm=False, gradients=gradients, entry="strategy" if entry == "eager" else entry)
+        before = trainer.weights()
+        x, y = _batches(1)[0]
+        with self.assertRaises(xf.ConfigError) as caught:
+            if entry == "eager":  # no tf.function: the step runs eagerly
+                trainer.rep.strategy.run(trainer._step_fn, args=(x, y, np.ones(len(x), np.float32)))
+            else:
+                trainer.train([(x, y)])
+        message = str(caught.exception)
+        self.assertEqual(len(message.splitlines()), 1, message)
+        self.assertRegex(message, r"^(Trainer\.)?step \(tests/replicator/test_optimizer.py(:\d+)?\) passed "
+                                  r"gradients of an unscaled loss to apply_gradients .*loss scaling is on.*"
+                                  r"`optimizer.minimize\(loss, variables, tape\)`.*`optimizer.scale_loss\(loss\)`")
+        for old, new in zip(before, trainer.weights(), strict=True):
+            np.testing.assert_array_equal(new, old)  # nothing applied
+        self.assertEqual(int(trainer.opt.iterations.numpy()), 0)
 
     def test_plain_batch_norm_statistics_agree_across_replicas_after_training(self):
         trainer = Trainer(support.replicator("cpu", 4), norm="plain")

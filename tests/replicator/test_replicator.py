@@ -25,6 +25,24 @@ class ReplicatorTest(support.TestCase):
                                     "num_replicas=9 .* already started with 8 logical CPU.*EXPFRAME_CPU_DEVICES=9"):
             xf.Replicator("cpu", 9)
 
+    def test_logical_cpu_devices_have_a_ceiling(self):
+        """Beyond 64 logical CPU devices a binding is refused at once, naming it, unless
+        EXPFRAME_CPU_DEVICES asks for that many (issue 18, item 9)."""
+        with self.assertRaisesRegex(xf.ConfigError, r"^Replicator.num_replicas=65 on target 'cpu' asks for 65 "
+                                    r"logical CPU devices, more than the ceiling of 64 .*use Replicator.num_replicas "
+                                    r"<= 64, or set EXPFRAME_CPU_DEVICES=65"):
+            xf.Replicator("cpu", 65)
+        with self.assertRaisesRegex(xf.ConfigError, r"^Replicator.mesh_shape=\{'batch': 64, 'model': 64\} asks for "
+                                    r"4096 logical CPU devices, more than the ceiling of 64 .*make the product of the "
+                                    r"mesh axes <= 64, or set EXPFRAME_CPU_DEVICES=4096"):
+            xf.Replicator("mesh", mesh_shape={"batch": 64, "model": 64})
+        with mock.patch.dict(os.environ, {"EXPFRAME_CPU_DEVICES": "65"}):  # raised explicitly: past the ceiling
+            with self.assertRaisesRegex(xf.ConfigError, "num_replicas=65 .* already started with 8 logical CPU"):
+                xf.Replicator("cpu", 65)
+        with mock.patch.dict(os.environ, {"EXPFRAME_CPU_DEVICES": "many"}):
+            with self.assertRaisesRegex(xf.ConfigError, "EXPFRAME_CPU_DEVICES='many' must be a positive integer"):
+                xf.Replicator("cpu", 2)
+
     @parameterized.parameters(
         (dict(target="tpuu"), r"Replicator.target='tpuu' is not a known target; use one of 'cpu'"),
         (dict(target="gpu"), r"target='gpu' but TensorFlow sees no GPU"),
@@ -41,6 +59,20 @@ class ReplicatorTest(support.TestCase):
 
     def test_auto_picks_cpu_here(self):
         self.assertEqual(xf.Replicator("auto").target, "cpu")
+
+    def test_trace_steps_traces_once_for_run_steps(self):
+        """run_experiment traces the step before it writes anything; the first host call
+        reuses that trace instead of tracing again, and tracing reads no data."""
+        rep = xf.Replicator("cpu", 2)
+        it = iter(rep.distribute(lambda ctx: tf.data.Dataset.range(100).batch(2).map(
+            lambda b: tf.cast(b, tf.float32)), global_batch_size=4))
+        step = lambda batch: {"first": batch[0]}  # noqa: E731
+        rep.trace_steps(step, it)
+        loop = rep._step_loops[step]  # pylint: disable=protected-access
+        self.assertEqual(loop.experimental_get_tracing_count(), 1)
+        self.assertEqual(rep.run_steps(step, it, 2), {"first": 3.0})  # replicas start at 0 and 2, then 4 and 6
+        self.assertEqual(rep.run_steps(step, it, 1), {"first": 9.0})
+        self.assertEqual(loop.experimental_get_tracing_count(), 1)
 
     def test_batch_not_divisible(self):
         rep = xf.Replicator("cpu", 4)

@@ -90,10 +90,13 @@ def test_quickstart_study_runs_resumes_and_records_a_failure(tmp_path, capsys):
     again = _table(root)
     assert again[OK_RUN]["eval_top1"] == ok["eval_top1"] and again[FAILING_RUN]["status"] == "failed"
 
-    # --emit=summary rebuilds the table and plots from disk, running nothing.
+    # --emit=summary rebuilds the table and plots from disk, running nothing; a run is
+    # not ok, so it exits 1 too, naming it.
     os.remove(os.path.join(root, summary.CSV))
     os.remove(os.path.join(root, plots.FINAL))
-    assert cli.main(argv + ["--emit=summary"]) == 0
+    capsys.readouterr()
+    assert cli.main(argv + ["--emit=summary"]) == 1
+    assert f"1 of 2 run(s) not ok: 1 failed ({FAILING_RUN}): see their logs in" in capsys.readouterr().err
     assert _table(root) == again and os.path.isfile(os.path.join(root, plots.FINAL))
     assert len(runner.read_record(root, FAILING_RUN)["attempts"]) == 2
 

@@ -67,3 +67,15 @@ def test_long_names_are_cut_with_a_hash():
     name = naming.run_name(values, keys)
     assert len(name) == naming.MAX_NAME_CHARS and naming.NAME_CHARS.match(name)
     assert name != naming.run_name(dict(values, b11="1234567891"), keys)
+
+
+
+def test_values_that_read_the_same_all_get_a_hash():
+    assert naming.value_names(["1"]) == {"1": "1"}
+    for texts in (["1", "'1'"], ["'1'", "1", "2"], ["@cpu", "'cpu'"]):
+        names = naming.value_names(texts)
+        for text in texts[:2]:  # the two that read the same: each hashed, whatever the order
+            assert names[text] == f"{naming.value_names([text])[text]}_{naming.digest(text)}", names
+    assert naming.value_names(["'1'", "1", "2"])["2"] == "2"
+    # A sweep of 1 ran in `1`; with the string '1' added, neither value takes that directory.
+    assert "1" not in naming.value_names(["1", "'1'"]).values()

@@ -7,6 +7,7 @@ import signal
 import threading
 
 from expframe.sweep import runner, spec, summary
+from tests.sweep import fake_main
 
 FAKE_MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_main.py")
 
@@ -71,18 +72,58 @@ def test_failed_run_is_recorded_while_the_others_finish_and_rerun_skips_finished
     assert len(runner.read_record(root, names[1])["attempts"]) == 2
 
 
+def _texts(study):
+    """The parsed configs the fake main writes for the study's runs (what validate gives for main.py)."""
+    return {r.name: fake_main.parsed_config(study.gin_params + r.gin_params) for r in study.runs()}
+
+
 def test_finished_means_result_json_under_the_same_parsed_config(tmp_path):
     root = str(tmp_path / "study")
     study = _study("run_experiment.seed=[0, 1]")
     names = [r.name for r in study.runs()]
-    runner.run_study(study, root, main_py=FAKE_MAIN, echo=False)
-    parsed = {n: open(os.path.join(root, n, "parsed_config.gin")).read() for n in names}
-    # parsed_config.gin differs for the second run (e.g. an included file was edited):
-    # not finished; main.py decides (resume or refuse).
-    texts = {names[0]: parsed[names[0]], names[1]: "something else\n"}
+    texts = _texts(study)
+    runner.run_study(study, root, texts, main_py=FAKE_MAIN, echo=False)
+    # result.json under the same parsed config: finished. Without parsed_config.gin
+    # (a run from before it existed) nothing says so: main.py decides.
+    os.remove(os.path.join(root, names[1], "parsed_config.gin"))
     again = runner.run_study(study, root, texts, main_py=FAKE_MAIN, echo=False)
     assert again[names[0]] is None and again[names[1]]["exit_code"] == 0
     assert [_starts(root, n) for n in names] == [1, 2]
+
+
+def test_stale_runs_are_not_started_and_move_stale_moves_them_aside(tmp_path, capsys):
+    root = str(tmp_path / "study")
+    before = _study("run_experiment.seed=[0, 1]", params=["fake.edit = 1"])
+    runner.run_study(before, root, _texts(before), main_py=FAKE_MAIN, echo=False)
+    # An edit (here a fixed binding; the same for an edit inside an included gin file)
+    # changes every run's parsed config; a third seed is new.
+    study = _study("run_experiment.seed=[0, 1, 2]", params=["fake.edit = 2"])
+    texts = _texts(study)
+    old, older, new = (r.name for r in study.runs())
+    capsys.readouterr()
+    outcome = runner.run_study(study, root, texts, main_py=FAKE_MAIN, echo=False)
+    # Not started (main.py would refuse: exit 2 on every rerun), with what to do; the new one runs.
+    assert outcome[old] is None and outcome[older] is None and outcome[new]["exit_code"] == 0
+    assert [_starts(root, n) for n in (old, older, new)] == [1, 1, 1]
+    out = capsys.readouterr().out
+    assert f"[1/3] {old}: stale, not started" in out and "rerun with --move_stale" in out
+    rows = {row["run"]: row for row in summary.collect(study, root, texts)}
+    assert [rows[n]["status"] for n in (old, older, new)] == ["stale", "stale", "ok"]
+    assert "--move_stale" in rows[old]["error"]
+    assert summary.collect(study, root)[0]["status"] == "ok"  # without the expected configs: not checked
+
+    outcome = runner.run_study(study, root, texts, main_py=FAKE_MAIN, echo=False, move_stale=True)
+    assert outcome[old]["exit_code"] == 0 and outcome[older]["exit_code"] == 0 and outcome[new] is None
+    (moved,) = os.listdir(os.path.join(root, runner.STALE))
+    moved = os.path.join(root, runner.STALE, moved)
+    for name in (old, older):  # the old run, whole, and its logs: nothing deleted
+        assert open(os.path.join(moved, name, "parsed_config.gin")).read() == _texts(before)[name]
+        assert os.path.isfile(os.path.join(moved, name, "result.json")) and _starts(moved, name) == 1
+        assert len(runner.read_record(moved, name)["attempts"]) == 1
+        assert len(runner.read_record(root, name)["attempts"]) == 1 and _starts(root, name) == 1
+    assert f"moved to {os.path.join(moved, old)}, starting afresh" in capsys.readouterr().out
+    rows = summary.collect(study, root, texts)
+    assert [row["status"] for row in rows] == ["ok", "ok", "ok"]
 
 
 def test_parallel_runs_share_the_cores(tmp_path, monkeypatch):

@@ -1,9 +1,12 @@
 """GANTask: the same global sub-batches and noise on any replica count, the same weights
 after training on 1 and 2 replicas (deterministic mode; batch-norm statistics,
-spectral-norm vectors and the moving average included), the same metrics, and grids."""
+spectral-norm vectors and the moving average included; the generator on a batch
+twice the discriminator's), the same metrics, and grids; the moving average's
+standing batch-norm statistics against batch moments computed by hand."""
 
 import functools
 import os
+from unittest import mock
 
 import numpy as np
 import PIL.Image
@@ -11,6 +14,8 @@ import tensorflow as tf
 from absl.testing import parameterized
 from tensorflow.python.framework import config as tf_config
 
+from expframe.errors import ConfigError
+from expframe.layers.sync_batch_norm import SyncBatchNorm
 from expframe.metrics.feature_networks import FeatureNetwork
 from expframe.models import sngan
 from expframe.tasks import gan, gan_inputs
@@ -18,6 +23,7 @@ from tests import support
 
 SIZE, CLASSES, Z = 32, 3, 8
 GLOBAL_BATCH, DISC_STEPS = 8, 2
+GEN_RATIO, STANDING_PASSES = 2, 4  # the generator's batch: 16
 
 
 IMAGES = np.random.default_rng(0).uniform(-1, 1, size=(64, SIZE, SIZE, 3)).astype(np.float32)
@@ -48,11 +54,12 @@ class _Context(tf.distribute.InputContext):
         return super().get_per_replica_batch_size(global_batch_size)
 
 
-def _global_steps(replicas, steps, start_example=0, index_based=True):
+def _global_steps(replicas, steps, start_example=0, index_based=True, generator_batch=None):
     """The global view of `steps` train steps: per key, the replicas' rows joined."""
     ctx = _Context(replicas, start_example)
     make = lambda c, b: fake_images("train", c, b, True, seed=3, index_based=index_based)  # noqa: E731
-    elements = list(gan_inputs.train_elements(make, ctx, DISC_STEPS, GLOBAL_BATCH, Z, CLASSES, seed=3)
+    elements = list(gan_inputs.train_elements(make, ctx, DISC_STEPS, GLOBAL_BATCH, Z, CLASSES, seed=3,
+                                              generator_batch=generator_batch)
                     .take(steps * replicas).as_numpy_iterator())
     out = []
     for s in range(steps):  # replica r takes the r-th of each run of `replicas` elements
@@ -90,6 +97,7 @@ def make_task(**kwargs):
     args = dict(generator=functools.partial(sngan.sngan_generator, ch=2, z_dim=Z, widths=(2, 2, 1, 1)),
                 discriminator=functools.partial(sngan.sngan_discriminator, ch=1), dataset=fake_images,
                 image_size=SIZE, num_classes=CLASSES, disc_steps=DISC_STEPS, ema_decay=0.5,
+                generator_batch_ratio=GEN_RATIO, ema_standing_passes=STANDING_PASSES,
                 feature_network=RandomProjection, num_eval_samples=12, inception_splits=2, grid_columns=4)
     args.update(kwargs)
     return gan.GANTask(**args)
@@ -129,6 +137,44 @@ def weights(rep, task, check_replicas):
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def trained_on_one_and_two_replicas():
+    """(rep, task, losses) after 3 deterministic steps on 1, then on 2 replicas (shared by
+    the tests below: training twice is their cost)."""
+    tf.config.experimental.enable_op_determinism()
+    try:
+        return train(1), train(2)
+    finally:
+        tf_config.disable_op_determinism()
+
+
+def moments_by_hand(task):
+    """Per batch-norm statistic of the moving average: the mean over the standing passes
+    of the global batch's mean and (biased) variance of that norm's input, computed with
+    NumPy from the inputs, in a one-device copy of the moving average."""
+    copy = task._generator_fn(image_size=SIZE, num_classes=CLASSES)  # pylint: disable=protected-access
+    copy.set_weights([np.asarray(w) for w in task.generator_ema.get_weights()])
+    seen, original = [], SyncBatchNorm.call
+
+    def recording(layer, inputs, training=None, mask=None):
+        if training:
+            seen.append((layer.path, np.asarray(inputs, np.float64)))
+        return original(layer, inputs, training=training, mask=mask)
+
+    passes = gan_inputs.standing_inputs(tf.distribute.InputContext(), STANDING_PASSES, task.generator_batch_size,
+                                        Z, CLASSES, task.eval_seed)
+    sums = {}
+    with mock.patch.object(SyncBatchNorm, "call", recording):
+        for element in passes:
+            seen.clear()
+            copy([element["z"], element["label"]], training=True)
+            for path, x in seen:
+                for name, value in (("moving_mean", x.mean(axis=(0, 1, 2))),
+                                    ("moving_variance", x.var(axis=(0, 1, 2)))):
+                    sums[f"{path}/{name}"] = sums.get(f"{path}/{name}", 0.0) + value
+    return {k: v / STANDING_PASSES for k, v in sums.items()}
+
+
 class GANTaskTest(support.TestCase):
 
     @parameterized.named_parameters(*support.named_replicators())
@@ -141,6 +187,18 @@ class GANTaskTest(support.TestCase):
         ids = np.concatenate([want[0]["id"].ravel(), want[1]["id"].ravel()])
         self.assertEqual(len(set(ids)), len(ids))  # 4 sub-batches of distinct examples
         self.assertFalse(np.array_equal(want[0]["fake_z"][0], want[0]["fake_z"][1]))
+        # The generator's own batch (twice the discriminator's): its global rows on any
+        # replica count; the discriminator's sub-batches unchanged.
+        gen = GEN_RATIO * GLOBAL_BATCH
+        want2, got2 = _global_steps(1, 2, generator_batch=gen), _global_steps(n, 2, generator_batch=gen)
+        for s in range(2):
+            self.assertEqual(want2[s]["gen_z"].shape, (gen, Z))
+            self.assertEqual(want2[s]["gen_label"].shape, (gen,))
+            for key in want2[s]:
+                np.testing.assert_array_equal(got2[s][key], want2[s][key], err_msg=f"step {s} {key}")
+                if not key.startswith("gen"):
+                    np.testing.assert_array_equal(want2[s][key], want[s][key], err_msg=f"step {s} {key}")
+        self.assertFalse(np.array_equal(want2[0]["gen_z"][:GLOBAL_BATCH], want2[0]["gen_z"][GLOBAL_BATCH:]))
 
     @parameterized.parameters(True, False)
     def test_train_elements_resume_at_the_position(self, index_based):
@@ -153,12 +211,8 @@ class GANTaskTest(support.TestCase):
                 np.testing.assert_array_equal(resumed[s][key], whole[3 + s][key], err_msg=f"step {s} {key}")
 
     def test_one_and_two_replicas_take_the_same_steps(self):
-        tf.config.experimental.enable_op_determinism()
-        try:
-            rep1, task1, losses1 = train(1)
-            rep2, task2, losses2 = train(2)
-        finally:
-            tf_config.disable_op_determinism()
+        (rep1, task1, losses1), (rep2, task2, losses2) = trained_on_one_and_two_replicas()
+        self.assertEqual((task1.generator_batch_size, task2.generator_batch_size), (16, 16))
         names = []
         w1, w2 = weights(rep1, task1, []), weights(rep2, task2, names)
         self.assertEqual(w1.keys(), w2.keys())
@@ -195,6 +249,43 @@ class GANTaskTest(support.TestCase):
         np.testing.assert_allclose(grid, task1.sample_grid(), atol=1)  # up to rounding to uint8
         self.assertTrue(any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(model_dir, "eval"))))
 
+    def test_standing_statistics_of_the_moving_average(self):
+        (rep1, task1, _), (_, task2, _) = trained_on_one_and_two_replicas()
+        m1, m2 = task1.evaluate(Runner()), task2.evaluate(Runner())
+        standing1, standing2 = task1.standing_statistics, task2.standing_statistics
+        by_hand = moments_by_hand(task1)
+        self.assertEqual(set(standing1), set(by_hand))
+        self.assertEqual(len(by_hand), 2 * len([w for w in task1.generator_ema.weights if "moving_mean" in w.path]))
+        copied = {w.path: np.asarray(w) for w in task1.generator_ema.non_trainable_weights}
+        online = {w.path: np.asarray(w) for w in task1.generator.non_trainable_weights}
+        largest_change = 0.0
+        for path, want in by_hand.items():
+            # The mean of the passes' global-batch moments, the same on 1 and 2 replicas...
+            np.testing.assert_allclose(standing1[path], want, rtol=2e-4, atol=1e-6, err_msg=path)
+            np.testing.assert_allclose(standing2[path], standing1[path], rtol=1e-5, atol=1e-6, err_msg=path)
+            # ...not the statistics copied from the online generator, which are back in place.
+            np.testing.assert_array_equal(copied[path], online[path], err_msg=path)
+            largest_change = max(largest_change, float(np.max(np.abs(standing1[path] - copied[path]))))
+        self.assertGreater(largest_change, 0.05)
+        # Deterministic: the same passes at every evaluation.
+        task1.evaluate(Runner())
+        for path, value in task1.standing_statistics.items():
+            np.testing.assert_array_equal(value, standing1[path], err_msg=path)
+        # The samples use them: the same on 1 and 2 replicas, different with the copied statistics.
+        for key in m1:
+            self.assertAllClose(m2[key], m1[key], rtol=1e-4, atol=1e-4, msg=key)
+        np.testing.assert_allclose(task2.sample_grid(), task1.sample_grid(), atol=1)
+        standing_grid = task1.sample_grid()
+        task1.ema_standing_passes = 0
+        try:
+            copied_metrics = task1.evaluate(Runner())
+            self.assertIsNone(task1.standing_statistics)
+            self.assertGreater(np.abs(task1.sample_grid().astype(int) - standing_grid).max(), 10)
+            self.assertNotAlmostEqual(copied_metrics["fid"], m1["fid"], places=3)
+        finally:
+            task1.ema_standing_passes = STANDING_PASSES
+        self.assertIs(rep1, task1.replicator)
+
     def test_losses(self):
         real, fake = tf.constant([2.0, 0.5, -1.0]), tf.constant([-2.0, 0.0, 1.5])
         hinge = np.mean(np.maximum(0, 1 - real.numpy())) + np.mean(np.maximum(0, 1 + fake.numpy()))
@@ -209,9 +300,18 @@ class GANTaskTest(support.TestCase):
         import expframe as xf  # pylint: disable=import-outside-toplevel
         for kwargs, message in (({"loss": "wasserstein"}, "GANTask.loss='wasserstein'"),
                                 ({"disc_steps": 0}, "GANTask.disc_steps=0"),
-                                ({"ema_decay": 1.0}, "GANTask.ema_decay=1.0")):
+                                ({"ema_decay": 1.0}, "GANTask.ema_decay=1.0"),
+                                ({"ema_standing_passes": -1}, "GANTask.ema_standing_passes=-1"),
+                                ({"generator_batch_ratio": 0}, "GANTask.generator_batch_ratio=0")):
             with self.assertRaisesRegex(xf.ConfigError, message):
                 make_task(**kwargs)
+        # The generator's batch must be whole and split evenly over the replicas.
+        for ratio, replicas, message in ((0.3, 1, r"0.3 x Trainer.global_batch_size=8 = 2.4 generator examples"),
+                                         (1.5, 8, r"1.5 x Trainer.global_batch_size=8 = 12 generator examples per "
+                                                  r"update, not a whole number divisible by the 8 replicas")):
+            with self.assertRaisesRegex(ConfigError, f"GANTask.generator_batch_ratio={message}"):
+                make_task(generator_batch_ratio=ratio).setup(support.replicator("cpu", replicas), GLOBAL_BATCH, 0,
+                                                             False)
         task = make_task(image_size=64, generator=functools.partial(sngan.sngan_generator, ch=1, z_dim=Z))
         task.setup(support.replicator("cpu", 1), GLOBAL_BATCH, 0, False)
         with support.replicator("cpu", 1).scope():

@@ -1,0 +1,322 @@
+"""`results.md` and its plots, written from the records of `expframe.reproduce.running`.
+
+The page lists every registered result of the sets it covers: those with a record
+give their numbers and provenance, the others say which command produces them. It is
+rewritten from all records on disk each time, so sets run one after another (e.g.
+`--set=learning`, then `--set=studies`) fill one page.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import statistics
+from typing import Optional, Sequence
+
+from matplotlib.figure import Figure  # Agg; no pyplot, no display
+
+from expframe import plot
+from expframe.errors import ConfigError
+from expframe.reproduce import registry, running
+
+PAGE = "results.md"
+IMAGES = "results"  # beside the page: <out>/results/<name>.png
+
+
+def _number(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or (abs(value) >= 1000 and float(value).is_integer()):
+        return f"{int(value):,}"
+    return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.1f}"
+
+
+def _load(values: Sequence[float]) -> str:
+    return " / ".join(f"{x:.2f}" for x in values) if values else "unknown"
+
+
+def _machine(rec: dict) -> str:
+    m = rec["machine"]
+    return (f"{m['cpu']}, {m['cores']} cores, AVX-512 {'yes' if m['avx512'] else 'no'}, bf16 "
+            f"{'yes' if m['bf16'] else 'no'}; {m['platform']}, Python {m['python']}, TensorFlow "
+            f"{rec['tensorflow']}, Keras {rec['keras']}, expframe {rec['expframe']}")
+
+
+def _commit(rec: dict) -> str:
+    if rec["commit"] == "not a git checkout":
+        return rec["commit"]
+    return f"`{rec['commit'][:12]}`" + (" with uncommitted changes" if rec["dirty"] else "")
+
+
+def _quiet(rec: dict) -> str:
+    start, end = rec["load_average_start"], rec["load_average_end"]
+    if not start or not end:
+        return "unknown"
+    return "yes" if start[0] < 2 and end[0] < 2 else "**no**"
+
+
+def _provenance_lines(rec: dict) -> list[str]:
+    other = rec.get("other_cores")
+    return [f"- Commit: {_commit(rec)}",
+            f"- Machine: {_machine(rec)}",
+            f"- Load average (1 / 5 / 15 min): {_load(rec['load_average_start'])} at the start, "
+            f"{_load(rec['load_average_end'])} at the end; other processes used "
+            f"{'unknown' if other is None else f'{other:.2f}'} cores on average while it ran",
+            f"- Wall time: {rec['wall_s'] / 60:.1f} min ({rec['wall_s']:,.0f} s), "
+            f"{rec['started']} to {rec['finished']}",
+            f"- Reproduce: `{rec['reproduce']}`"]
+
+
+# -- experiments --------------------------------------------------------------------------------
+
+def _headline(result: registry.Experiment, rec: dict) -> str:
+    """`top1 0.94` (mean over seeds when several)."""
+    parts = []
+    for metric in result.metrics:
+        values = [r["final"][metric] for r in rec["runs"] if isinstance(r["final"].get(metric), (int, float))]
+        if values:
+            parts.append(f"{metric} {_number(statistics.mean(values))}")
+    return ", ".join(parts) or "no result"
+
+
+def _experiment(result: registry.Experiment, rec: dict, images: str, out_dir: str) -> list[str]:
+    lines = [f"Result: **{_headline(result, rec)}**" + (f" (mean of {len(rec['runs'])} seeds)"
+                                                         if len(rec["runs"]) > 1 else ""), ""]
+    lines += ["| run | status | step | " + " | ".join(result.metrics) + " | threshold (slow test) | passed |",
+              "|---|---|---|" + "---|" * len(result.metrics) + "---|---|"]
+    for run in rec["runs"]:
+        cells = [_number(run["final"].get(m, "")) for m in result.metrics]
+        checks = run.get("thresholds") or []
+        lines.append(f"| {run['run']} | {run['status']} | {_number(run['step'] or 0)} | " + " | ".join(cells)
+                     + f" | {'; '.join(t['text'] for t in checks) or '-'} | "
+                     + f"{('yes' if all(t['holds'] for t in checks) else '**no**') if checks else '-'} |")
+    for run in rec["runs"]:
+        evals = [e for e in run.get("evals") or [] if any(m in e for m in result.metrics)]
+        if len(evals) > 1:
+            lines += ["", f"Evaluations of {run['run']}: " + "; ".join(
+                f"step {_number(e['step'])}: " + ", ".join(f"{m} {_number(e[m])}" for m in result.metrics if m in e)
+                for e in evals)]
+        speed = {k: v for k, v in (run.get("train_last") or {}).items() if k.endswith("_per_sec")}
+        if run.get("examples_per_sec") is not None:
+            speed["examples_per_sec (median of the logged intervals)"] = run["examples_per_sec"]
+        if speed:
+            lines += ["", f"Speed of {run['run']} (last logged train interval unless said): "
+                      + ", ".join(f"{k} {_number(v)}" for k, v in sorted(speed.items()))
+                      + f"; main.py wall time {_number(run.get('wall_time_s') or 0)} s"]
+    initial = [r["initial"] for r in rec["runs"] if r.get("initial")]
+    if initial:
+        lines += ["", "At initialisation (untrained model, same evaluation): "
+                  + "; ".join(", ".join(f"{k} {_number(v)}" for k, v in sorted(i.items()) if k != "command")
+                              for i in initial)]
+    lines += ["", "Commands:", ""] + [f"    {c}" for c in rec["commands"]] + [""]
+    lines += _provenance_lines(rec)
+    image = _curves(rec, os.path.join(out_dir, IMAGES, f"{result.name}.png"))
+    if image:
+        lines += ["", f"![{result.name} curves]({images}/{result.name}.png)"]
+    grid = _last_samples(rec, os.path.join(out_dir, IMAGES, f"{result.name}_samples.png"))
+    if grid:
+        lines += ["", f"The last sample grid of {rec['runs'][0]['run']} (`{grid}`; one row per class, the same noise "
+                  "down each column):", "", f"![{result.name} samples]({images}/{result.name}_samples.png)"]
+    return lines
+
+
+def _last_samples(rec: dict, path: str) -> Optional[str]:
+    """Copies the first run's last `samples/step_<N>.png` (GAN runs) to `path`; returns its name."""
+    model_dir = rec["runs"][0].get("model_dir") if rec["runs"] else None
+    grids = glob.glob(os.path.join(model_dir, "samples", "step_*.png")) if model_dir else []
+    if not grids:
+        return None
+    last = max(grids, key=lambda p: int(os.path.basename(p)[len("step_"):-len(".png")]))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    shutil.copyfile(last, path)
+    return os.path.join("samples", os.path.basename(last))
+
+
+def _curves(rec: dict, path: str) -> Optional[str]:
+    dirs = [r["model_dir"] for r in rec["runs"] if r.get("model_dir") and os.path.isdir(r["model_dir"])]
+    try:
+        return plot.plot_runs(dirs, path, labels=[r["run"] for r in rec["runs"] if r.get("model_dir") in dirs])
+    except ConfigError:
+        return None
+
+
+# -- studies ------------------------------------------------------------------------------------
+
+def _arm_points(result: registry.StudyResult, rec: dict) -> dict[str, dict[float, list[dict]]]:
+    """Arm -> x value -> the finished runs there."""
+    arms: dict[str, dict[float, list[dict]]] = {name: {} for name, _ in result.arms}
+    for run in rec["runs"]:
+        if run["status"] != "ok":
+            continue
+        for name, member in result.arms:
+            if member(run["values"]):
+                arms[name].setdefault(float(run["values"][result.x]), []).append(run)
+    return arms
+
+
+def _study_plot(result: registry.StudyResult, arms: dict, path: str) -> str:
+    fig = Figure(figsize=(4.6 * len(result.metrics), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(result.metrics), squeeze=False)[0]
+    for ax, metric in zip(axes, result.metrics, strict=True):
+        for i, (arm, points) in enumerate(arms.items()):
+            xs = sorted(points)
+            means = [statistics.mean(r["final"][metric] for r in points[x]) for x in xs]
+            ax.plot(xs, means, marker="o", color=f"C{i}", label=f"{arm} (mean of seeds)")
+            dots = [(x, r["final"][metric]) for x in xs for r in points[x]]
+            ax.scatter([d[0] for d in dots], [d[1] for d in dots], s=14, alpha=0.5, color=f"C{i}")
+        if any(arms.values()):
+            ax.set_xscale("log", base=2)
+            ticks = sorted({x for points in arms.values() for x in points})
+            ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+            ax.minorticks_off()
+        ax.set_xlabel(result.x)
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    fig.suptitle(f"{result.name}: final {', '.join(result.metrics)} against {result.x}; dots: each seed",
+                 fontsize="medium")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+    return path
+
+
+def _trend(result: registry.StudyResult, arms: dict) -> list[str]:
+    """One line per arm and metric: smallest against largest x, beside the seeds' spread."""
+    lines = []
+    for arm, points in arms.items():
+        xs = sorted(points)
+        if len(xs) < 2:
+            continue
+        for metric in result.metrics:
+            low = [r["final"][metric] for r in points[xs[0]]]
+            high = [r["final"][metric] for r in points[xs[-1]]]
+            spread = max((max(v) - min(v) for v in ([r["final"][metric] for r in points[x]] for x in xs)),
+                         default=0.0)
+            diff = statistics.mean(high) - statistics.mean(low)
+            best = (min if metric == "fid" else max)(
+                xs, key=lambda x: statistics.mean(r["final"][metric] for r in points[x]))  # noqa: B023
+            lower_is_better = metric == "fid"
+            if abs(diff) <= spread:
+                verdict = "no difference beyond the spread between seeds"
+            else:
+                verdict = f"the largest {result.x} is " + ("better" if (diff < 0) == lower_is_better else "worse")
+            lines.append(f"- {arm}, {metric}: {_number(statistics.mean(low))} at {result.x} {xs[0]:g}, "
+                         f"{_number(statistics.mean(high))} at {xs[-1]:g} (change {diff:+.4g}; the largest "
+                         f"spread between seeds at one point is {spread:.4g}): {verdict}; best at {best:g}")
+    return lines
+
+
+def _study(result: registry.StudyResult, rec: dict, images: str, out_dir: str) -> list[str]:
+    arms = _arm_points(result, rec)
+    keys = [k for k in (rec["runs"][0]["values"] if rec["runs"] else {})]
+    lines = ["| arm | " + " | ".join(keys) + " | status | step | " + " | ".join(result.metrics) + " |",
+             "|---|" + "---|" * len(keys) + "---|---|" + "---|" * len(result.metrics)]
+    for run in rec["runs"]:
+        names = [name for name, member in result.arms if member(run["values"])] or ["-"]
+        lines.append(f"| {', '.join(names)} | " + " | ".join(str(run["values"][k]) for k in keys)
+                     + f" | {run['status']} | {_number(run['step'] or 0)} | "
+                     + " | ".join(_number(run["final"].get(m, "")) for m in result.metrics) + " |")
+    lines += ["", "Means over seeds:", "",
+              "| arm | " + result.x + " | seeds | " + " | ".join(f"{m} (mean)" for m in result.metrics) + " |",
+              "|---|---|---|" + "---|" * len(result.metrics)]
+    for arm, points in arms.items():
+        for x in sorted(points):
+            runs = points[x]
+            lines.append(f"| {arm} | {x:g} | {len(runs)} | " + " | ".join(
+                _number(statistics.mean(r["final"][m] for r in runs)) for m in result.metrics) + " |")
+    trend = _trend(result, arms)
+    if trend:
+        lines += ["", "Smallest against largest batch:", ""] + trend
+    _study_plot(result, arms, os.path.join(out_dir, IMAGES, f"{result.name}.png"))
+    lines += ["", f"![{result.name}]({images}/{result.name}.png)", "", "Commands (one `main.py` run each; "
+              f"together `python -m expframe.sweep --study={result.study_file}`):", ""]
+    lines += [f"    {c}" for c in rec["commands"]] + [""] + _provenance_lines(rec)
+    return lines
+
+
+# -- benchmarks ---------------------------------------------------------------------------------
+
+def _benchmark(result: registry.Benchmark, rec: dict) -> list[str]:
+    lines = ["| what | value | goal |", "|---|---|---|"]
+    lines += [f"| {r['what']} | {_number(r['value'])} | {r['goal'] or '-'} |" for r in rec["rows"]]
+    lines += ["", "Command:", ""] + [f"    {c}" for c in rec["commands"]] + [""] + _provenance_lines(rec)
+    return lines
+
+
+# -- the page -----------------------------------------------------------------------------------
+
+def _summary_row(result, rec: Optional[dict], command: str) -> str:
+    if rec is None:
+        return f"| [{result.name}](#{result.name}) | pending: `{command}` | | | | | |"
+    if result.kind == "experiment":
+        number = _headline(result, rec)
+        threshold = "; ".join(t.text() for t in result.thresholds)
+        passed = "yes" if rec.get("passed") else "**no**"
+    elif result.kind == "study":
+        number, threshold, passed = f"{sum(r['status'] == 'ok' for r in rec['runs'])} of {len(rec['runs'])} runs", \
+            "-", "-"
+    else:
+        number = "; ".join(f"{_number(r['value'])}" for r in rec["rows"][:2]) + (" ..." if len(rec["rows"]) > 2
+                                                                              else "")
+        threshold, passed = "-", "-"
+    return (f"| [{result.name}](#{result.name}) | {number} | {threshold} | {passed} | {rec['finished'][:10]} | "
+            f"{_load(rec['load_average_start'][:1])} / {_load(rec['load_average_end'][:1])} ({_quiet(rec)}) | "
+            f"{rec['wall_s'] / 60:.1f} min |")
+
+
+def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dict[str, str],
+          set_lines: Sequence[str]) -> str:
+    """Writes `<out_dir>/results.md` and `<out_dir>/results/*.png`; returns the page's path.
+
+    Args:
+      work: the reproduce work directory (records under `records/`).
+      out_dir: where the page and its images go.
+      quick: whether these are --set=quick records (a banner says the numbers mean nothing).
+      results: the registered results the page covers, in order.
+      commands: result name -> the command that produces it (for pending ones).
+      set_lines: Markdown lines describing the sets (commands, expected times).
+    """
+    records = {r.name: running.read_record(work, r.name) for r in results}
+    records = {k: v for k, v in records.items() if v is not None and v.get("quick") == quick}
+    pending = [r.name for r in results if r.name not in records]
+    images = IMAGES
+    lines = ["# Results", "",
+             "Written by `python -m expframe.reproduce` from the runs it made; do not edit by hand: rerun it. "
+             "Every result gives the exact commands that produced it, the commit, the machine, the load average "
+             "at its start and end (after the machine settled) and the CPU other processes used meanwhile, its "
+             "wall time and dates, and the threshold its slow test asserts.", ""]
+    if quick:
+        lines += ["**Quick smoke (`--set=quick`): every result at a tiny size, to show that the commands run. "
+                  "The numbers mean nothing.**", ""]
+    if pending:
+        lines += [f"**{len(pending)} of {len(results)} results are pending**: each names the command that produces "
+                  "it; run it on a quiet machine (load average under 2).", ""]
+    lines += list(set_lines) + ["", "## Summary", "",
+                                "| result | number | threshold (slow test) | passed | date | load at start / end "
+                                "(quiet: < 2) | wall time |", "|---|---|---|---|---|---|---|"]
+    lines += [_summary_row(r, records.get(r.name), commands[r.name]) for r in results]
+    for result in results:
+        rec = records.get(result.name)
+        lines += ["", f'<a id="{result.name}"></a>', "", f"## {result.title}", ""]
+        if result.readme:
+            lines += [f"Quoted in [{result.readme.split('#')[0]}](../{result.readme})." if not quick else
+                      f"(README: `{result.readme}`)", ""]
+        if rec is None:
+            lines += [f"Pending: not run yet. `{commands[result.name]}`"]
+            continue
+        if not rec.get("complete", False):
+            lines += ["**Incomplete**: a run failed (its error is in the table); rerun the command to retry.", ""]
+        if result.kind == "experiment":
+            lines += _experiment(result, rec, images, out_dir)
+        elif result.kind == "study":
+            lines += _study(result, rec, images, out_dir)
+        else:
+            lines += _benchmark(result, rec)
+    path = os.path.join(out_dir, PAGE)
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines).rstrip() + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,385 @@
+"""Every headline result: the experiment (or study, or benchmark) that produces it, the
+numbers it reports, the threshold its slow test asserts, and a tiny variant for
+`--set=quick`.
+
+This is the one place these settings live. The slow learning tests read their
+experiment and threshold from here (`registry.get("quickstart")`), and
+`python -m expframe.reproduce` runs the same entries through the sweep runner, so a
+test and the results page cannot disagree about what was run or what counts as a pass.
+
+Adding a result is a few lines: an `Experiment(...)` in `LEARNING` (gin files,
+bindings, thresholds, a tiny variant), then `registry.get(name)` in its slow test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from typing import Callable, Optional
+
+# -- thresholds -------------------------------------------------------------------------------
+
+_OPS = {">=": operator.ge, "<=": operator.le}
+
+
+@dataclasses.dataclass(frozen=True)
+class Threshold:
+    """`metric op value`, or `metric op value x (its value at initialisation)`.
+
+    Attributes:
+      metric: a key of the run's final eval metrics (`result.json`'s "eval").
+      op: ">=" or "<=".
+      value: the bound, or its fraction of the initial value when `of_initial`.
+      of_initial: compare against `value` x the metric of the untrained model.
+    """
+
+    metric: str
+    op: str
+    value: float
+    of_initial: bool = False
+
+    def bound(self, initial: Optional[dict] = None) -> float:
+        if not self.of_initial:
+            return self.value
+        if not initial or self.metric not in initial:
+            raise ValueError(f"threshold {self.text()} needs the {self.metric} at initialisation")
+        return self.value * float(initial[self.metric])
+
+    def holds(self, final: dict, initial: Optional[dict] = None) -> bool:
+        value = final.get(self.metric)
+        return isinstance(value, (int, float)) and math.isfinite(value) and _OPS[self.op](value, self.bound(initial))
+
+    def text(self, initial: Optional[dict] = None) -> str:
+        if not self.of_initial:
+            return f"{self.metric} {self.op} {self.value:g}"
+        where = f" = {self.bound(initial):.4g}" if initial and self.metric in initial else ""
+        return f"{self.metric} {self.op} {self.value:g} x its value at initialisation{where}"
+
+
+# -- results --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """One `main.py` run (per seed) whose final eval metrics are the result.
+
+    Attributes:
+      name: the result's name (`--only=NAME`, its directory, its slow test's lookup).
+      title: one line for the page.
+      gin_files: the experiment as shipped.
+      gin_params: bindings on top (the slow test's, where it adds any).
+      metrics: the final eval metrics the page reports, in order.
+      thresholds: what the slow test asserts.
+      baseline: also evaluate the untrained model (`expframe.reproduce.baseline`):
+        thresholds relative to initialisation need it.
+      seeds: one run per seed (`run_experiment.seed`).
+      quick_params: bindings that shrink it to seconds for `--set=quick`.
+      test: the slow test that asserts the thresholds.
+      minutes: expected wall time on 2 idle cores (progress lines only).
+      readme: the README section that quotes it.
+    """
+
+    name: str
+    title: str
+    gin_files: tuple[str, ...]
+    metrics: tuple[str, ...]
+    thresholds: tuple[Threshold, ...] = ()
+    gin_params: tuple[str, ...] = ()
+    baseline: bool = False
+    seeds: tuple[int, ...] = (0,)
+    quick_params: tuple[str, ...] = ()
+    test: str = ""
+    minutes: float = 5.0
+    readme: str = ""
+
+    kind = "experiment"
+
+    def params(self, quick: bool = False) -> tuple[str, ...]:
+        """The bindings of a run (before the seed): the quick ones added for --set=quick."""
+        return self.gin_params + (self.quick_params if quick else ())
+
+    def passed(self, final: dict, initial: Optional[dict] = None) -> bool:
+        return all(t.holds(final, initial) for t in self.thresholds)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyResult:
+    """A study (`python -m expframe.sweep --study=FILE`) reported as a table and plot.
+
+    Attributes:
+      name, title, test, minutes, readme: as for `Experiment`.
+      study_file: the study as shipped.
+      x: the swept binding's short key the plot puts on its x axis.
+      metrics: the final eval metrics reported against `x`.
+      arms: arm name -> predicate on a run's values (short key -> gin text); a run
+        may belong to several arms (a point they share); each arm is one line.
+      quick_params, quick_sweeps, quick_zips: flags that shrink it for --set=quick
+        (`--gin_param`, `--sweep`, `--zip` of `python -m expframe.sweep`).
+      parallel: runs at once (`--parallel`).
+    """
+
+    name: str
+    title: str
+    study_file: str
+    x: str
+    metrics: tuple[str, ...]
+    arms: tuple[tuple[str, Callable[[dict], bool]], ...]
+    quick_params: tuple[str, ...] = ()
+    quick_sweeps: tuple[str, ...] = ()
+    quick_zips: tuple[str, ...] = ()
+    parallel: int = 1
+    test: str = ""
+    minutes: float = 60.0
+    readme: str = ""
+
+    kind = "study"
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """A benchmark script under benchmarks/, run with `--out=<json>`; its ratios are the result.
+
+    Attributes:
+      name, title, minutes, readme: as for `Experiment`.
+      script: path from the repository root.
+      args: its arguments for the full set.
+      quick_args: its arguments for --set=quick (seconds).
+      rows: JSON -> [(what, value, unit or goal text)]: the numbers the page shows.
+    """
+
+    name: str
+    title: str
+    script: str
+    args: tuple[str, ...]
+    quick_args: tuple[str, ...]
+    rows: Callable[[dict], list[tuple[str, float, str]]]
+    minutes: float = 5.0
+    readme: str = ""
+
+    kind = "benchmark"
+
+    def argv(self, quick: bool = False) -> tuple[str, ...]:
+        return self.quick_args if quick else self.args
+
+
+# -- the learning results (the slow tests read these) -----------------------------------------
+
+# Shrinks a shapes experiment to seconds: the small shapes build of the default tests
+# (512 train / 64 test images), 2 steps; `_ONE_REPLICA` halves the tracing.
+_SHAPES_TINY = ("shapes_input.num_train = 512", "shapes_input.num_test = 64", "Trainer.train_steps = 2",
+                "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1", "Trainer.eval_every_steps = None",
+                "Trainer.checkpoint_every_steps = 2")
+_ONE_REPLICA = ("Replicator.num_replicas = 1",)
+_D4PG_TINY = ("Replicator.num_replicas = 1", "Trainer.global_batch_size = 16", "Trainer.train_steps = 2",
+              "Trainer.steps_per_loop = 2", "Trainer.log_every_steps = 2", "Trainer.eval_every_steps = None",
+              "Trainer.checkpoint_every_steps = 2", "d4pg_policy.layer_sizes = (16, 16)",
+              "d4pg_critic.layer_sizes = (16, 16)", "control_suite.action_repeat = 8",
+              "D4PGTask.min_replay_size = 50", "D4PGTask.samples_per_insert = 4.0", "D4PGTask.eval_episodes = 1")
+
+QUICKSTART = Experiment(
+    name="quickstart", title="Quickstart: ResNet-8 with sync batch norm on shapes, 2 CPU replicas",
+    gin_files=("experiments/quickstart.gin",), metrics=("top1", "loss"),
+    thresholds=(Threshold("top1", ">=", 0.90),),
+    quick_params=_SHAPES_TINY + _ONE_REPLICA + ("resnet.depth = 8", "Trainer.global_batch_size = 16",
+                                                "Trainer.eval_steps = 1"),
+    test="tests/test_quickstart_slow.py", minutes=4, readme="README.md#expframe")
+
+SNGAN_SHAPES = Experiment(
+    name="sngan_shapes", title="SN-GAN on shapes (32 px, 2 CPU replicas, 5,000 generator updates)",
+    gin_files=("experiments/sngan_shapes.gin",), metrics=("sample_accuracy", "fid", "inception_score"),
+    thresholds=(Threshold("sample_accuracy", ">=", 0.8), Threshold("fid", "<=", 0.25, of_initial=True)),
+    baseline=True,
+    quick_params=_SHAPES_TINY + _ONE_REPLICA + (
+        "shapes_classifier.num_train = 512", "shapes_classifier.num_test = 64", "shapes_classifier.train_steps = 10",
+        "shapes_classifier.batch_size = 32", "sngan_generator.ch = 2", "sngan_generator.z_dim = 8",
+        "sngan_discriminator.ch = 1", "GANTask.num_eval_samples = 16", "GANTask.inception_splits = 2",
+        "GANTask.grid_columns = 3", "GANTask.ema_start_step = 0", "Trainer.global_batch_size = 8"),
+    test="tests/test_sngan_experiments.py", minutes=14, readme="README.md#sn-gan-the-papers-second-benchmark")
+
+D4PG_CONTROL = Experiment(
+    name="d4pg_control", title="D4PG on cartpole/balance, acting in the learner's process (10,000 learner steps)",
+    gin_files=("experiments/d4pg_control.gin",), metrics=("episode_return",),
+    thresholds=(Threshold("episode_return", ">=", 800.0),), quick_params=_D4PG_TINY,
+    test="tests/test_d4pg_experiments.py", minutes=2,
+    readme="README.md#d4pg-on-the-control-suite-the-papers-third-benchmark")
+
+D4PG_ACTORS = Experiment(
+    name="d4pg_control_actors",
+    title="D4PG on cartpole/balance with 2 actor processes over RPC (1 learner replica, 10,000 learner steps)",
+    gin_files=("experiments/d4pg_control_distributed.gin",), metrics=("episode_return",),
+    gin_params=("D4PGTask.num_actors = 2", "D4PGTask.actor_sigmas = (0.3, 0.3)", "Replicator.num_replicas = 1"),
+    thresholds=(Threshold("episode_return", ">=", 800.0),),
+    quick_params=_D4PG_TINY + ("D4PGTask.num_actors = 1", "D4PGTask.actor_sigmas = (0.3,)",
+                               "D4PGTask.weights_every = 10"),
+    test="tests/test_d4pg_experiments.py", minutes=2, readme="README.md#distributed-acting-actor-processes-over-rpc")
+
+VIT_MESH = Experiment(
+    name="vit_shapes_mesh", title="ViT on a batch 2 x model 2 DTensor mesh of CPU devices, shapes",
+    gin_files=("experiments/vit_shapes_mesh.gin",), metrics=("top1", "loss"),
+    thresholds=(Threshold("top1", ">=", 0.90),),
+    quick_params=_SHAPES_TINY + ("ViT.depth = 1", "ViT.width = 16", "ViT.mlp_dim = 32",
+                                 "Trainer.global_batch_size = 8", "Trainer.eval_steps = 1"),
+    test="tests/test_vit_mesh_experiments.py", minutes=6, readme="README.md#model-parallelism-dtensor-mesh")
+
+LEARNING = (QUICKSTART, SNGAN_SHAPES, D4PG_CONTROL, D4PG_ACTORS, VIT_MESH)
+
+
+# -- the benchmarks (ratios measured side by side in one run) -------------------------------------
+
+def _collectives(data: dict) -> list[tuple[str, float, str]]:
+    rows = []
+    for run in data["runs"]:
+        on_two = [r for r in run["results"] if r["replicas"] == 2]
+        if not on_two:
+            continue
+        row = max(on_two, key=lambda r: r["size_bytes"])
+        size = f"{row['size_bytes'] / 2**20:g} MB"
+        for variant, ratio in sorted(row["ratio_to_copy_numpy"].items()):
+            goal = "goal <= 3" if variant == "replicator" and row["size_bytes"] == 64 * 2**20 else ""
+            rows.append((f"all-reduce ({variant}) of {size} on 2 replicas / one numpy copy, allocator "
+                         f"{run['allocator']}", ratio, goal))
+    return rows
+
+
+def _runner_overhead(data: dict) -> list[tuple[str, float, str]]:
+    return [(f"expframe Trainer / hand-written loop, examples/s, {r['num_replicas']} replica(s) (paired median)",
+             r["median_paired_ratio"], f"goal >= {data['goal_ratio']:g}") for r in data["results"]]
+
+
+def _resnet50(data: dict) -> list[tuple[str, float, str]]:
+    rows = []
+    for r in data["results"]:
+        where = f"{r['image_size']} px, {r['num_replicas']} replica(s), {r['precision']}"
+        rows += [(f"expframe / hand-written loop, images/s, {where}", r["expframe_over_handwritten_paired"], ""),
+                 (f"expframe / Keras fit, images/s, {where}", r["expframe_over_keras_fit_paired"], ""),
+                 (f"expframe model FLOPs utilisation, {where}", r["expframe"]["mfu"], "")]
+    return rows
+
+
+def _scaling(data: dict) -> list[tuple[str, float, str]]:
+    goal = f"goal >= {data['goal']:g}"
+    return [("weak-scaling efficiency, 2 worker processes (multi_worker) / 2 x 1",
+             data["scaling_efficiency"]["multi_worker"], goal),
+            ("weak-scaling efficiency, 2 local replicas (cpu) / 2 x 1", data["scaling_efficiency"]["local_replicas"],
+             goal)]
+
+
+def _data_checkpoint(data: dict) -> list[tuple[str, float, str]]:
+    rows = []
+    for r in data["rows"]:
+        rows += [(f"data position in the checkpoint, bytes, {r['num_replicas']} replica(s)", r["position_bytes"], ""),
+                 (f"tf.data iterator state / data position, {r['num_replicas']} replica(s)",
+                  r["ratio_tfdata_over_position"], "")]
+    return rows
+
+
+def _d4pg_throughput(data: dict) -> list[tuple[str, float, str]]:
+    learner, actors = data["learner"], data["actors"]
+    rows = []
+    for n in ("1", "2"):
+        rows += [(f"learner updates/s, {n} replica(s)", learner[n], ""),
+                 (f"environment steps/s, {n} actor process(es)", actors[n]["env_steps_per_sec"], ""),
+                 (f"weight fetch, ms, {n} actor process(es)", actors[n]["weight_wait_ms_per_fetch"], "")]
+    return rows + [("learner updates/s, 2 replicas / 1", learner["2"] / learner["1"], ""),
+            ("environment steps/s, 2 actor processes / 1",
+             actors["2"]["env_steps_per_sec"] / actors["1"]["env_steps_per_sec"], ""),
+            ("time in weight fetches, 1 actor process (fraction)", actors["1"]["weight_wait_fraction"], ""),
+            ("time in weight fetches, 2 actor processes (fraction)", actors["2"]["weight_wait_fraction"], "")]
+
+
+def _model_parallel(data: dict) -> list[tuple[str, float, str]]:
+    rows = []
+    for r in data["rows"]:
+        where = f"ViT width {r['width']}, mesh {r['mesh']}"
+        rows += [(f"{where}: parameter bytes per device", r["params_bytes"], ""),
+                 (f"{where}: Adam slot bytes per device", r["slot_bytes"], ""),
+                 (f"{where}: examples/s", r["examples_per_s"], ""),
+                 (f"{where}: examples/s / mesh 4x1", r["vs_4x1"], "")]
+    return rows
+
+
+BENCHMARKS = (
+    Benchmark("collectives", "All-reduce on CPU replicas against one copy of the same bytes",
+              "benchmarks/collectives.py", (), ("--quick", "--allocator=bfc", "--repeats=1", "--variants=replicator"),
+              _collectives, minutes=6, readme="README.md#the-programming-model"),
+    Benchmark("runner_overhead", "expframe's train loop against a hand-written tf.distribute loop (ResNet-20)",
+              "benchmarks/runner_overhead.py", (),
+              ("--replicas", "2", "--global_batch_size", "8", "--steps_per_call", "1", "--repeats", "1"),
+              _runner_overhead, minutes=6, readme="README.md#the-programming-model"),
+    Benchmark("resnet50_throughput", "ResNet-50: expframe against a hand-written loop and Keras fit, with MFU",
+              "benchmarks/resnet50_throughput.py", ("--quick",),
+              ("--sizes", "32", "--replicas", "1", "--precisions", "float32", "--global_batch_size", "1",
+               "--steps_per_call", "1", "--repeats", "1"),
+              _resnet50, minutes=12, readme="README.md#resnet-50-on-imagenet-the-papers-first-benchmark"),
+    Benchmark("scaling", "Weak scaling on CPU cores: 2 workers (or 2 replicas) against 1 (ResNet-20)",
+              "benchmarks/scaling.py", (),
+              ("--steps_per_call", "1", "--warmup_calls", "1", "--calls", "1", "--repeats", "1", "--timeout", "900"),
+              _scaling, minutes=10, readme="README.md#where-it-runs-one-binding"),
+    Benchmark("data_checkpoint_size", "Bytes of the data position in a checkpoint (ResNet-50 ImageNet pipeline)",
+              "benchmarks/data_checkpoint_size.py", (), ("--smoke",), _data_checkpoint, minutes=5,
+              readme="README.md#running-experiments"),
+    Benchmark("d4pg_throughput", "D4PG: learner updates/s on 1 and 2 replicas, env steps/s with 1 and 2 actors",
+              "benchmarks/d4pg_throughput.py", (), ("--smoke",), _d4pg_throughput, minutes=4,
+              readme="README.md#distributed-acting-actor-processes-over-rpc"),
+    Benchmark("model_parallel", "Model parallelism on a DTensor mesh: memory per device and examples/s",
+              "benchmarks/model_parallel.py", (), ("--smoke",), _model_parallel, minutes=4,
+              readme="README.md#model-parallelism-dtensor-mesh"),
+)
+
+
+# -- the studies --------------------------------------------------------------------------------
+
+_BASE_RATE, _BASE_BATCH = 1e-3, 64  # sngan_shapes.gin's Adam rate, at its batch of 64
+
+
+def _fixed_rate(values: dict) -> bool:
+    return math.isclose(float(values["LR"]), _BASE_RATE, rel_tol=1e-6)
+
+
+def _sqrt_scaled_rate(values: dict) -> bool:
+    scaled = _BASE_RATE * math.sqrt(float(values["global_batch_size"]) / _BASE_BATCH)
+    return math.isclose(float(values["LR"]), scaled, rel_tol=1e-2)  # the file writes 3 significant digits
+
+
+SNGAN_BATCH = StudyResult(
+    name="sngan_batch", title="SN-GAN batch-size study: FID and sample accuracy against the global batch",
+    study_file="experiments/studies/sngan_batch.gin", x="global_batch_size", metrics=("fid", "sample_accuracy"),
+    arms=(("fixed rate", _fixed_rate), ("rate x sqrt(batch / 64)", _sqrt_scaled_rate)),
+    quick_params=tuple(p for p in SNGAN_SHAPES.quick_params if not p.startswith("Trainer.global_batch_size")),
+    quick_zips=("Trainer.global_batch_size=[4, 8]", "LR=[1e-3, 1e-3]"), quick_sweeps=("run_experiment.seed=[0]",),
+    parallel=2, minutes=70, readme="README.md#studies")
+
+QUICKSTART_BATCH = StudyResult(
+    name="quickstart_batch", title="Quickstart batch-size study: top-1 against the global batch, rate scaled linearly",
+    study_file="experiments/studies/quickstart_batch.gin", x="global_batch_size", metrics=("top1",),
+    arms=(("rate 2e-3 x batch / 128, 81,920 examples", lambda values: True),),
+    quick_params=("shapes_input.num_train = 512", "shapes_input.num_test = 64", "Replicator.num_replicas = 1",
+                  "Trainer.eval_steps = 1", "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
+                  "Trainer.eval_every_steps = None", "Trainer.checkpoint_every_steps = 2"),
+    quick_zips=("Trainer.global_batch_size=[16]", "keras.optimizers.Adam.learning_rate=[1e-3]",
+                "Trainer.train_steps=[2]"), quick_sweeps=("run_experiment.seed=[0]",),
+    parallel=2, minutes=8, readme="README.md#studies")
+
+STUDIES = (SNGAN_BATCH, QUICKSTART_BATCH)
+
+# -- the sets ---------------------------------------------------------------------------------------
+
+SETS = {"learning": LEARNING, "studies": STUDIES, "benchmarks": BENCHMARKS}
+ALL = LEARNING + STUDIES + BENCHMARKS
+
+
+def results(set_name: str) -> tuple:
+    """The results of a set: learning, studies, benchmarks, or all (and quick: all, tiny)."""
+    return ALL if set_name in ("all", "quick") else SETS[set_name]
+
+
+def set_of(result) -> str:
+    return next(name for name, members in SETS.items() if result in members)
+
+
+def get(name: str):
+    """The registered result called `name` (KeyError naming the known ones otherwise)."""
+    for result in ALL:
+        if result.name == name:
+            return result
+    raise KeyError(f"no result {name!r}; known: {', '.join(r.name for r in ALL)}")

@@ -1,0 +1,86 @@
+"""The conformance matrix in the default tests (issue 18, items 1 and 3): every shipped
+task family x precision x CPU target either takes the float32 1-replica run's first
+updates or is refused before tracing with one line naming the binding to change, and
+docs/conformance_matrix.md shows what this run found (see tests/conformance/matrix.py).
+
+The default tests run the matrix once (two processes of single-process combinations
+side by side with the cluster launches) and each reads its results; a few costly cells
+run only with `-m slow` (`matrix.combinations`: mixed precision on the cluster targets),
+which runs the whole matrix. Every family at every precision on 1 and 2 CPU replicas is
+in the default tests."""
+
+import os
+
+import pytest
+
+from tests.conformance import matrix
+
+# About 4 minutes on 2 idle cores (README, Tests); far longer on a loaded machine.
+pytestmark = pytest.mark.timeout(3600)
+
+
+@pytest.fixture(scope="module")
+def results(data_dir, tmp_path_factory):
+    return matrix.run_matrix(str(data_dir), str(tmp_path_factory.mktemp("conformance")))
+
+
+def _failures(results, combos):
+    return [f"{c.key}: {why}" for c in combos for ok, why in [matrix.passes(c, results[c.key])] if not ok]
+
+
+def test_every_combination_matches_float32_or_is_refused(results):
+    failures = _failures(results, matrix.combinations(slow=False))
+    assert not failures, "\n".join(failures)
+    # Every shipped family is covered, with a cluster target and both 1 and 2 replicas.
+    ran = {(c.family, c.target) for c in matrix.combinations(slow=False) if results[c.key]["result"] == "ran"}
+    assert {f for f, _ in ran} == set(matrix.FAMILIES)
+    for family in ("classification", "sngan", "d4pg"):
+        for target in ("cpu x1", "cpu x2"):
+            for precision in matrix.PRECISIONS:
+                assert results[f"{family} | {target} | {precision}"]["result"] == "ran"
+    assert {("classification", "multi_worker x2"), ("classification", "parameter_server x1"),
+            ("d4pg", "cpu x2"), ("sngan", "cpu x2"), ("vit_mesh", "mesh 2x2")} <= ran
+
+
+def test_runs_start_from_the_same_initialisation_and_train(results):
+    """The update is measured from the reference's initial parameters: every run in this
+    process group starts from them, and the reference moves (the comparison is not empty)."""
+    for combo in matrix.combinations(slow=False):
+        result = results[combo.key]
+        if result["result"] == "ran" and "initial_max_abs_diff" in result:
+            assert result["initial_max_abs_diff"] == 0.0, combo.key
+    for family in matrix.FAMILIES:
+        assert results[matrix.reference(family).key]["agreement"]["update_norm"] > 1e-4, family
+
+
+def test_d4pg_under_mixed_float16_takes_the_float32_update(results):
+    """Item 3: D4PG never scaled its losses, so under mixed_float16 every gradient was
+    divided by the loss scale (2^15) and the update shrank; it now matches."""
+    for target in ("cpu x1", "cpu x2"):
+        agreement = results[f"d4pg | {target} | mixed_float16"]["agreement"]
+        assert abs(agreement["norm_ratio"] - 1) <= matrix.MIXED_NORM_TOLERANCE, (target, agreement)
+        assert agreement["cosine"] > matrix.MIXED_MIN_COSINE["mixed_float16"], (target, agreement)
+
+
+def _check_table(results, slow):
+    with open(matrix.DOC, encoding="utf-8") as f:
+        committed = f.read()
+    stale = f"{os.path.relpath(matrix.DOC)} is out of date; regenerate it: {matrix.REGENERATE}"
+    assert committed.startswith(matrix.header()), stale
+    rows = matrix.table_rows(committed)
+    assert [(key, suite) for key, suite, _ in rows] == [(c.key, c.suite) for c in matrix.combinations()], stale
+    fresh = [(c.key, c.suite, matrix.result_text(c, results[c.key])) for c in matrix.combinations(slow)]
+    assert [row for row in rows if slow or row[1] == "default"] == fresh, stale
+
+
+def test_committed_table_has_these_combinations_results_and_thresholds(results):
+    _check_table(results, slow=False)
+
+
+@pytest.mark.slow
+def test_whole_matrix(data_dir, tmp_path):
+    """Every combination, the slow ones too (as the table is generated)."""
+    everything = matrix.run_matrix(str(data_dir), str(tmp_path), slow=True)
+    failures = _failures(everything, matrix.combinations())
+    assert not failures, "\n".join(failures)
+    _check_table(everything, slow=True)

@@ -1,0 +1,228 @@
+"""`python -m expframe.reproduce` (issue 22): the registry the slow tests share, the
+results page, and `--set=quick` end to end: every result at a tiny size through the
+sweep runner and the benchmark scripts, a valid page in a temporary directory (the
+committed docs/results.md untouched), provenance in every run, and a rerun that
+skips what is recorded."""
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from expframe.reproduce import __main__ as cli
+from expframe.reproduce import page, registry, running
+from tests import main_runner as mr
+
+HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=mr.ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def test_thresholds_absolute_and_relative_to_initialisation():
+    top1 = registry.Threshold("top1", ">=", 0.9)
+    assert top1.holds({"top1": 0.9}) and not top1.holds({"top1": 0.89}) and not top1.holds({})
+    assert not top1.holds({"top1": float("nan")}) and top1.text() == "top1 >= 0.9"
+    fid = registry.Threshold("fid", "<=", 0.25, of_initial=True)
+    assert fid.holds({"fid": 25.0}, {"fid": 100.0}) and not fid.holds({"fid": 25.1}, {"fid": 100.0})
+    assert fid.text({"fid": 100.0}) == "fid <= 0.25 x its value at initialisation = 25"
+    with pytest.raises(ValueError, match="needs the fid at initialisation"):
+        fid.holds({"fid": 1.0})
+    assert registry.get("sngan_shapes").passed({"fid": 20.0, "sample_accuracy": 0.8}, {"fid": 100.0})
+    assert not registry.get("sngan_shapes").passed({"fid": 20.0, "sample_accuracy": 0.79}, {"fid": 100.0})
+
+
+def test_every_slow_learning_test_reads_its_experiment_and_threshold_from_the_registry():
+    for result in registry.LEARNING:
+        with open(os.path.join(mr.ROOT, result.test), encoding="utf-8") as f:
+            text = f.read()
+        assert f'registry.get("{result.name}")' in text, result.test
+        assert ".passed(" in text, result.test  # the threshold comes from the entry too
+    names = [r.name for r in registry.ALL]
+    assert len(names) == len(set(names))
+    assert registry.results("all") == registry.LEARNING + registry.STUDIES + registry.BENCHMARKS
+    with pytest.raises(KeyError, match="known: quickstart"):
+        registry.get("nope")
+
+
+def test_only_names_results_of_the_set_or_exits_2(capsys):
+    assert cli.main(["--set=learning", "--only=collectives"]) == 2
+    err = capsys.readouterr().err
+    assert "--only=collectives: collectives not in --set=learning (it holds" in err and "quickstart" in err
+
+
+def test_a_run_made_under_another_configuration_is_set_aside_not_resumed(tmp_path, capsys):
+    """An edited gin file between two reproduce runs: main.py would refuse to resume the
+    old model_dir (exit 2); reproduce moves it, with its logs, and runs it again."""
+    from expframe.sweep import runner, spec  # pylint: disable=import-outside-toplevel
+    study = spec.Study("s", ["x.gin"], [], [spec.Axis(("run_experiment.seed",), (("0",), ("1",)), "test")])
+    root = tmp_path / "s"
+    for name, text in (("seed=0", "old\n"), ("seed=1", "same\n")):
+        (root / name).mkdir(parents=True)
+        (root / name / "parsed_config.gin").write_text(text)
+    (root / runner.LOGS).mkdir()
+    (root / runner.LOGS / "seed=0.json").write_text("{}")
+    moved = running.set_aside_stale(study, str(root), {"seed=0": "new\n", "seed=1": "same\n"})
+    assert len(moved) == 1 and moved[0].startswith(str(root / running.STALE / "seed=0."))
+    assert not (root / "seed=0").exists() and (root / "seed=1" / "parsed_config.gin").read_text() == "same\n"
+    assert open(os.path.join(moved[0], "model_dir", "parsed_config.gin")).read() == "old\n"
+    assert os.path.exists(os.path.join(moved[0], runner.LOGS, "seed=0.json"))
+    assert "seed=0: made under another configuration; moved to" in capsys.readouterr().out
+
+
+# -- the page -------------------------------------------------------------------------------------
+
+def _provenance(name, quick, wall=61.0):
+    return {"name": name, "quick": quick, "reproduce": f"python -m expframe.reproduce --set=x --only={name}",
+            "started": "2026-12-01T10:00:00+00:00", "finished": "2026-12-01T10:01:01+00:00", "commit": HEAD,
+            "dirty": False, "expframe": "0.1.0", "tensorflow": "2.21.0", "keras": "3.15.1",
+            "machine": {"cpu": "Test CPU", "cores": 2, "avx512": False, "bf16": True, "platform": "Linux",
+                        "python": "3.11.7"},
+            "load_average_start": [0.5, 0.4, 0.3], "load_average_end": [1.5, 0.9, 0.5], "other_cores": 0.03,
+            "wall_s": wall, "complete": True}
+
+
+def _study_run(batch, lr, seed, fid, accuracy):
+    return {"run": f"global_batch_size={batch},LR={lr},seed={seed}", "status": "ok", "step": 1500,
+            "values": {"global_batch_size": str(batch), "LR": str(lr), "seed": str(seed)},
+            "final": {"fid": fid, "sample_accuracy": accuracy}, "model_dir": None}
+
+
+def _write_records(work):
+    quickstart = dict(_provenance("quickstart", False), kind="experiment", passed=True,
+                      commands=["python main.py --gin_file=experiments/quickstart.gin"],
+                      runs=[{"run": "seed=0", "status": "ok", "step": 1200, "final": {"top1": 0.9375, "loss": 0.2},
+                             "model_dir": None, "thresholds": [{"text": "top1 >= 0.9", "holds": True}]}])
+    study = dict(_provenance("sngan_batch", False), kind="study", commands=["python main.py ..."],
+                 runs=[_study_run(16, 0.001, 0, 9.0, 0.3), _study_run(16, 0.001, 1, 11.0, 0.2),
+                       _study_run(64, 0.001, 0, 5.0, 0.5), _study_run(64, 0.001, 1, 7.0, 0.4),
+                       _study_run(16, 0.0005, 0, 12.0, 0.1)])
+    bench = dict(_provenance("collectives", False), kind="benchmark", commands=["python benchmarks/collectives.py"],
+                 rows=[{"what": "all-reduce / copy", "value": 1.7, "goal": "goal <= 3"}])
+    for rec in (quickstart, study, bench):
+        os.makedirs(os.path.join(work, running.RECORDS), exist_ok=True)
+        with open(running.record_path(work, rec["name"]), "w", encoding="utf-8") as f:
+            json.dump(rec, f)
+
+
+def _assert_png(path):
+    with Image.open(path) as image:
+        image.verify()
+
+
+def _sections(text):
+    """result name -> its section's text."""
+    parts = re.split(r'<a id="([a-z0-9_]+)"></a>', text)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def check_page(path, results, expect_commit=HEAD):
+    """Every result has a section; a recorded one states its numbers, commands, commit,
+    machine, load at start and end, wall time, dates and threshold; its images exist."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    sections = _sections(text)
+    assert list(sections) == [r.name for r in results]
+    recorded = []
+    for result in results:
+        body = sections[result.name]
+        if "Pending: not run yet." in body:
+            assert f"--only={result.name}" in body
+            continue
+        recorded.append(result.name)
+        assert f"- Commit: `{expect_commit[:12]}`" in body, result.name
+        assert re.search(r"- Machine: .+, \d+ cores, AVX-512 (yes|no), bf16 (yes|no); .*TensorFlow \S+, Keras \S+",
+                         body), result.name
+        assert re.search(r"- Load average \(1 / 5 / 15 min\): [\d.]+ / [\d.]+ / [\d.]+ at the start, "
+                         r"[\d.]+ / [\d.]+ / [\d.]+ at the end", body), result.name
+        dates = re.search(r"- Wall time: [\d.]+ min \([\d,]+ s\), (\S+) to (\S+)", body)
+        assert dates, result.name
+        for date in dates.groups():
+            datetime.datetime.fromisoformat(date)
+        assert "python main.py " in body or "python benchmarks/" in body, result.name
+        if result.kind == "experiment":
+            assert "Result: **" in body and "| threshold (slow test) | passed |" in body
+            for threshold in result.thresholds:
+                assert threshold.metric in body and threshold.op in body
+        for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", body):
+            _assert_png(os.path.join(os.path.dirname(path), image))
+    return text, sections, recorded
+
+
+def test_page_states_each_result_with_its_provenance_and_the_pending_ones(tmp_path):
+    work, out = str(tmp_path / "work"), str(tmp_path / "docs")
+    _write_records(work)
+    commands = {r.name: f"python -m expframe.reproduce --set={registry.set_of(r)} --only={r.name}"
+                for r in registry.ALL}
+    path = page.write(work, out, False, registry.ALL, commands, ["| set | command |"])
+    text, sections, recorded = check_page(path, registry.ALL)
+    assert recorded == ["quickstart", "sngan_batch", "collectives"]
+    assert "| [quickstart](#quickstart) | top1 0.9375, loss 0.2 | top1 >= 0.9 | yes | 2026-12-01 | " \
+           "0.50 / 1.50 (yes) | 1.0 min |" in text
+    assert "| [vit_shapes_mesh](#vit_shapes_mesh) | pending: `python -m expframe.reproduce --set=learning " \
+           "--only=vit_shapes_mesh` |" in text
+    assert "Quoted in [README.md](../README.md#expframe)." in sections["quickstart"]
+    assert "other processes used 0.03 cores on average" in sections["quickstart"]
+    study = sections["sngan_batch"]
+    # Means over seeds per arm; the batch-64 point at the base rate is in both arms' lines.
+    assert "| fixed rate | 16 | 2 | 10 | 0.25 |" in study and "| fixed rate | 64 | 2 | 6 | 0.45 |" in study
+    assert "| rate x sqrt(batch / 64) | 16 | 1 | 12 | 0.1 |" in study
+    assert "| rate x sqrt(batch / 64) | 64 | 2 | 6 | 0.45 |" in study
+    assert "- fixed rate, fid: 10 at global_batch_size 16, 6 at 64 (change -4; the largest spread between seeds " \
+           "at one point is 2): the largest global_batch_size is better; best at 64" in study
+    assert "- fixed rate, sample_accuracy: 0.25 at global_batch_size 16, 0.45 at 64 (change +0.2; the largest " \
+           "spread between seeds at one point is 0.1): the largest global_batch_size is better; best at 64" in study
+    _assert_png(os.path.join(out, "results", "sngan_batch.png"))
+    assert "| all-reduce / copy | 1.7 | goal <= 3 |" in sections["collectives"]
+    # Quick records are not mixed into a full page, nor full ones into a quick page.
+    quick_path = page.write(work, str(tmp_path / "quick"), True, registry.ALL, commands, [])
+    assert "Pending: not run yet." in _sections(open(quick_path, encoding="utf-8").read())["quickstart"]
+
+
+# -- --set=quick end to end -------------------------------------------------------------------------
+
+@pytest.mark.timeout(3600)  # minutes on 2 idle cores: about 25 TensorFlow processes start and trace
+def test_quick_set_runs_every_result_writes_a_valid_page_and_a_rerun_skips_them(tmp_path, data_dir, monkeypatch,
+                                                                              capsys):
+    committed = os.path.join(mr.ROOT, "docs", page.PAGE)
+    before = open(committed, encoding="utf-8").read() if os.path.exists(committed) else None
+    work, out = str(tmp_path / "work"), str(tmp_path / "page")
+    argv = ["--set=quick", f"--work_dir={work}", f"--out={out}"]
+    done = subprocess.run([sys.executable, "-m", "expframe.reproduce"] + argv, cwd=mr.ROOT, env=mr.env(data_dir),
+                          capture_output=True, text=True, timeout=3500)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    results = registry.results("quick")
+    text, sections, recorded = check_page(os.path.join(out, page.PAGE), results)
+    assert recorded == [r.name for r in results]  # nothing pending
+    assert "**Quick smoke (`--set=quick`)" in text
+    assert before == (open(committed, encoding="utf-8").read() if os.path.exists(committed) else None)
+    for result in results:
+        rec = running.read_record(work, result.name)
+        assert rec["complete"] and rec["quick"] and rec["commit"] == HEAD, result.name
+        if result.kind == "benchmark":
+            assert rec["rows"] and all(isinstance(r["value"], (int, float)) for r in rec["rows"]), result.name
+            continue
+        for run in rec["runs"]:
+            # Provenance of every main.py run: result.json, and the first line of metrics.jsonl.
+            with open(os.path.join(run["model_dir"], "result.json"), encoding="utf-8") as f:
+                prov = json.load(f)["provenance"]
+            assert prov["commit"] == HEAD and prov["tensorflow"] and prov["keras"] and prov["machine"]["cpu"]
+            assert len(prov["load_average"]) == 3 and len(prov["load_average_end"]) == 3
+            with open(os.path.join(run["model_dir"], "metrics.jsonl"), encoding="utf-8") as f:
+                first = json.loads(f.readline())
+            assert (first["split"], first["step"], first["commit"]) == ("provenance", 0, HEAD)
+    sngan = running.read_record(work, "sngan_shapes")["runs"][0]
+    assert sngan["initial"]["fid"] > 0 and "fid <= 0.25 x its value at initialisation = " in sections["sngan_shapes"]
+
+    # Rerun: every result is recorded under the same configuration, so nothing runs again.
+    attempts = {r.name: os.listdir(os.path.join(work, r.name)) for r in results}
+    monkeypatch.chdir(mr.ROOT)
+    monkeypatch.setenv("TFDS_DATA_DIR", str(data_dir))
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    said = capsys.readouterr().out
+    assert said.count(", skipped (delete ") == len(results), said
+    assert attempts == {r.name: os.listdir(os.path.join(work, r.name)) for r in results}
+    check_page(os.path.join(out, page.PAGE), results)
