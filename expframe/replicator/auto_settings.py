@@ -12,9 +12,10 @@ Precision 'auto':
 (what `Replicator.run_steps` runs) with XLA, `tf.function(jit_compile=True)`. What
 each target does, as measured with TF 2.21 (True where it fails is refused before
 anything runs, one line, exit 2):
-  cpu, 1 replica      works. 'auto': off: XLA's CPU kernels were slower than
-                      TensorFlow's oneDNN kernels on every CPU measured (README,
-                      "Precision and XLA"); set True to compile anyway.
+  cpu, 1 replica      works. 'auto': off, not measured: XLA paid for a small model
+                      (ResNet-8, 1.77x) and not for ResNet-20 (0.61-0.77x), and
+                      one small probe would answer for every model (README,
+                      "Precision and XLA"); set True where it pays.
   cpu, N > 1          fails: a step that updates variables mirrored on several
                       logical devices ("Trying to access resource ... located in
                       device CPU:1 from device CPU:0").
@@ -131,7 +132,7 @@ def jit_choice(target: str, local_replicas: int, device: Optional[str] = None, m
     if target in ("tpu", "multi_worker") or xla_refusal(target, local_replicas, device):
         return None  # a TPU compiles anyway; GPU workers: not verified
     if probes.device_type(device) != "GPU":
-        return None  # documented per target: XLA on CPUs measured slower
+        return None  # documented per target: on CPUs it pays for some models only
     model = probes.device_model(device)
     policy = _policy_name()
     key = f"Replicator.jit_compile|{model}|TensorFlow {tf.__version__}|{policy}"
