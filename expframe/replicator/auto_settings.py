@@ -12,10 +12,11 @@ Precision 'auto':
 (what `Replicator.run_steps` runs) with XLA, `tf.function(jit_compile=True)`. What
 each target does, as measured with TF 2.21 (True where it fails is refused before
 anything runs, one line, exit 2):
-  cpu, 1 replica      works. 'auto': off, not measured: XLA paid for a small model
-                      (ResNet-8, 1.77x) and not for ResNet-20 (0.61-0.77x), and
-                      one small probe would answer for every model (README,
-                      "Precision and XLA"); set True where it pays.
+  cpu, 1 replica      works. 'auto': off, not measured: ResNet-20 ran at
+                      0.61-0.77x compiled, the quickstart's ResNet-8 between 0.70x
+                      and 1.77x (busy machine), a small convnet faster; one small
+                      probe would answer for every model (README, "Precision and
+                      XLA"); set True where it pays.
   cpu, N > 1          fails: a step that updates variables mirrored on several
                       logical devices ("Trying to access resource ... located in
                       device CPU:1 from device CPU:0").
