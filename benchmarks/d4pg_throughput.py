@@ -33,11 +33,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def learner_rate(replicas: int, steps: int, tmp: str) -> float:
+def learner_rate(replicas: int, steps: int, tmp: str, extra_params=()) -> float:
+    """Learner updates/s of main.py on experiments/d4pg_control.gin (bindings in
+    `extra_params` last, e.g. the target); the first host call (tracing) not counted."""
     model_dir = os.path.join(tmp, f"learner_{replicas}")
     params = [f"Replicator.num_replicas = {replicas}", f"Trainer.train_steps = {steps}", "Trainer.steps_per_loop = 10",
               f"Trainer.log_every_steps = {steps}", "Trainer.eval_every_steps = None",
-              f"Trainer.checkpoint_every_steps = {steps}", "D4PGTask.min_replay_size = 1000"]
+              f"Trainer.checkpoint_every_steps = {steps}", "D4PGTask.min_replay_size = 1000", *extra_params]
     cmd = [sys.executable, os.path.join(ROOT, "main.py"), "--gin_file=experiments/d4pg_control.gin",
            f"--model_dir={model_dir}", "--mode=train"] + [f"--gin_param={p}" for p in params]  # no final eval
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)

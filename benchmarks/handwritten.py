@@ -6,10 +6,15 @@
 by the replica count and calls the plain Keras `optimizer.apply_gradients` (which
 sums over replicas).
 
-`baseline_strategy`: which MirroredStrategy the baselines run on. "same" (default):
-the Replicator's own strategy (expframe's cross-device reduction), so a ratio
-measures only the loop. "tf_default": `MirroredStrategy(devices)` as a user would
-write it (on CPU devices TensorFlow then picks CollectiveAllReduce).
+`baseline_strategy`: which strategy the baselines run on. "same" (default): the
+Replicator's own strategy (expframe's cross-device reduction), so a ratio measures
+only the loop. "tf_default": `MirroredStrategy(devices)` as a user would write it
+(on CPU devices TensorFlow then picks CollectiveAllReduce). "none" (one replica):
+no tf.distribute strategy at all, what a user of one device writes (Keras `fit`
+then turns XLA on by default on a GPU; under a strategy it leaves it off).
+
+`jit_compile=True` compiles the per-replica step with XLA, as `Replicator.jit_compile`
+does for expframe's.
 """
 
 from typing import Callable
@@ -20,21 +25,29 @@ import tensorflow as tf
 import expframe
 from expframe.replicator import targets
 
-STRATEGIES = ("same", "tf_default")
+STRATEGIES = ("same", "tf_default", "none")
 
 
-def baseline_strategy(kind: str, num_replicas: int) -> tf.distribute.Strategy:
+def baseline_strategy(kind: str, num_replicas: int, target: str = "cpu") -> tf.distribute.Strategy:
+    """The baselines' strategy on `target` ('cpu' or 'gpu'), see the module docstring."""
     if kind == "same":
-        return expframe.Replicator("cpu", num_replicas).strategy
+        return expframe.Replicator(target, num_replicas, jit_compile=False).strategy
     if kind == "tf_default":
-        return tf.distribute.MirroredStrategy(devices=targets.cpu_devices(num_replicas))
-    raise ValueError(f"baseline strategy {kind!r}: use one of {STRATEGIES}")
+        devices = (targets.cpu_devices(num_replicas) if target == "cpu"
+                   else [d.name for d in tf.config.list_logical_devices("GPU")[:num_replicas]])
+        return tf.distribute.MirroredStrategy(devices=devices)
+    if kind == "none" and num_replicas == 1:
+        return tf.distribute.get_strategy()
+    raise ValueError(f"baseline strategy {kind!r} on {num_replicas} replica(s): use one of {STRATEGIES} "
+                     "('none' is for one replica)")
 
 
 def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optimizer: keras.optimizers.Optimizer,
                      per_replica_dataset: Callable[[int], tf.data.Dataset], global_batch: int,
-                     num_classes: int) -> Callable[[int], float]:
-    """Returns call(k): k training steps in one tf.function call; the mean loss of the last."""
+                     num_classes: int, jit_compile: bool = False) -> Callable[[int], float]:
+    """Returns call(k): k training steps in one tf.function call; the mean loss of the last.
+    With `jit_compile`, the per-replica step is compiled with XLA. `call.traced(k)` is the
+    traced host call (its concrete function)."""
     num_replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         optimizer.build(model.trainable_variables)
@@ -51,6 +64,9 @@ def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optim
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
+    if jit_compile:
+        step = tf.function(step, jit_compile=True)
+
     @tf.function
     def loop(iterator, k):
         loss = strategy.run(step, args=(next(iterator),))
@@ -58,4 +74,8 @@ def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optim
             loss = strategy.run(step, args=(next(iterator),))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
 
-    return lambda k: float(loop(iterator, tf.constant(k, tf.int32)))
+    def call(k: int) -> float:
+        return float(loop(iterator, tf.constant(k, tf.int32)))
+
+    call.traced = lambda k: loop.get_concrete_function(iterator, tf.constant(k, tf.int32))  # for graph sizes
+    return call

@@ -35,7 +35,12 @@ Cost: each configuration builds and traces three ResNet-50s, about a minute each
 2 cores, then times them: about 6 minutes per configuration at 224x224 with batch 4
 on this 2-core machine (12 minutes for `--quick`'s 2 configurations: 224 and 128,
 2 replicas, float32; the default runs 8). Narrow it with --sizes, --replicas,
---precisions.
+--precisions, --runners.
+
+Precision 'auto': the report marks with * the precision that `run_experiment.precision
+= 'auto'` runs with on this machine (its cached measurement, or one made at the start:
+expframe/replicator/auto_settings.py) and, for every size and replica count measured
+at both float32 and mixed_bfloat16, says whether that was the faster one for ResNet-50.
 
 Results: a table on stdout and JSON in `benchmarks/results/resnet50_throughput.json`.
 """
@@ -48,6 +53,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import NamedTuple, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,6 +68,7 @@ import tensorflow as tf  # noqa: E402
 
 import handwritten  # noqa: E402  (benchmarks/handwritten.py)
 from expframe.models.resnet import resnet  # noqa: E402
+from expframe.replicator import auto_settings, autotune  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
 from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
@@ -96,15 +103,30 @@ def peak_matmul_gflops(n: int, repeats: int) -> dict:
 
 # -- the three ways to train ------------------------------------------------------------
 
+class Setup(NamedTuple):
+    """One configuration: where, what size, which precision, XLA or not."""
+
+    size: int
+    num_replicas: int
+    precision: str
+    global_batch: int
+    steps: int
+    strategy_kind: str = "same"     # the baselines' strategy (benchmarks/handwritten.py)
+    target: str = "cpu"             # 'cpu' or 'gpu'
+    jit_compile: bool = False       # XLA for all three (Keras fit: its `jit_compile`)
+    depth: int = 50                 # ResNet depth (gpu_check's CPU test uses a small one)
+    fit_strategy_kind: Optional[str] = None  # Keras fit's strategy (default: strategy_kind)
+
+
 def synthetic_batch(batch_size: int, size: int):
     rng = np.random.default_rng(0)
     return {"image": rng.standard_normal((batch_size, size, size, 3)).astype(np.float32),
             "label": rng.integers(0, NUM_CLASSES, batch_size).astype(np.int32)}
 
 
-def build_model(size: int) -> keras.Model:
+def build_model(size: int, depth: int = 50) -> keras.Model:
     keras.utils.set_random_seed(0)
-    return resnet(depth=50, num_classes=NUM_CLASSES, input_shape=(size, size, 3))
+    return resnet(depth=depth, num_classes=NUM_CLASSES, input_shape=(size, size, 3))
 
 
 def build_optimizer() -> keras.optimizers.Optimizer:
@@ -114,17 +136,17 @@ def build_optimizer() -> keras.optimizers.Optimizer:
 class ExpframeRunner:
     """The Trainer's host call, prepared as run_experiment prepares it."""
 
-    def __init__(self, size, num_replicas, global_batch, steps, strategy_kind):
-        del strategy_kind  # always the Replicator's
+    def __init__(self, cfg: Setup):
         def dataset(split, ctx, batch_size, training, seed, deterministic):
             del split, ctx, training, seed, deterministic
-            return tf.data.Dataset.from_tensors(synthetic_batch(batch_size, size)).repeat()
+            return tf.data.Dataset.from_tensors(synthetic_batch(batch_size, cfg.size)).repeat()
 
-        task = ClassificationTask(model=lambda: build_model(size), dataset=dataset,
+        task = ClassificationTask(model=lambda: build_model(cfg.size, cfg.depth), dataset=dataset,
                                   optimizer=build_optimizer, eval_split=None)
-        self.trainer = Trainer(train_steps=10 ** 9, global_batch_size=global_batch, steps_per_loop=steps)
-        self.trainer.prepare(expframe.Replicator("cpu", num_replicas), task, seed=0, deterministic=False)
-        self.steps = steps
+        self.trainer = Trainer(train_steps=10 ** 9, global_batch_size=cfg.global_batch, steps_per_loop=cfg.steps)
+        replicator = expframe.Replicator(cfg.target, cfg.num_replicas, jit_compile=cfg.jit_compile)
+        self.trainer.prepare(replicator, task, seed=0, deterministic=False)
+        self.steps = cfg.steps
 
     def __call__(self):
         t, start = self.trainer, time.perf_counter()
@@ -135,15 +157,15 @@ class ExpframeRunner:
 class HandwrittenRunner:
     """A minimal custom training loop over `strategy.run` (benchmarks/handwritten.py)."""
 
-    def __init__(self, size, num_replicas, global_batch, steps, strategy_kind):
-        strategy = handwritten.baseline_strategy(strategy_kind, num_replicas)
+    def __init__(self, cfg: Setup):
+        strategy = handwritten.baseline_strategy(cfg.strategy_kind, cfg.num_replicas, cfg.target)
         with strategy.scope():
-            model, optimizer = build_model(size), build_optimizer()
+            model, optimizer = build_model(cfg.size, cfg.depth), build_optimizer()
         self._call = handwritten.handwritten_loop(
             strategy, model, optimizer,
-            lambda per_replica: tf.data.Dataset.from_tensors(synthetic_batch(per_replica, size)).repeat(),
-            global_batch, NUM_CLASSES)
-        self.steps = steps
+            lambda per_replica: tf.data.Dataset.from_tensors(synthetic_batch(per_replica, cfg.size)).repeat(),
+            cfg.global_batch, NUM_CLASSES, jit_compile=cfg.jit_compile)
+        self.steps = cfg.steps
 
     def __call__(self):
         start = time.perf_counter()
@@ -152,18 +174,23 @@ class HandwrittenRunner:
 
 
 class KerasFitRunner:
-    """`model.fit` with the same strategy, model, batch and optimizer."""
+    """`model.fit` with the same strategy, model, batch and optimizer; `jit_compile` as
+    configured (`keras_default_jit` records what Keras' own default, 'auto', picks)."""
 
-    def __init__(self, size, num_replicas, global_batch, steps, strategy_kind):
-        strategy = handwritten.baseline_strategy(strategy_kind, num_replicas)
+    def __init__(self, cfg: Setup):
+        strategy = handwritten.baseline_strategy(cfg.fit_strategy_kind or cfg.strategy_kind, cfg.num_replicas,
+                                                 cfg.target)
         with strategy.scope():
-            self.model = build_model(size)
-            self.model.compile(optimizer=build_optimizer(),
-                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                               steps_per_execution=steps)
-        batch = synthetic_batch(global_batch, size)  # fit wants (x, y), not a dict
+            self.model = build_model(cfg.size, cfg.depth)
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            self.model.compile(optimizer=build_optimizer(), loss=loss, steps_per_execution=cfg.steps,
+                               jit_compile="auto")
+            self.keras_default_jit = bool(self.model.jit_compile)
+            self.model.compile(optimizer=build_optimizer(), loss=loss, steps_per_execution=cfg.steps,
+                               jit_compile=cfg.jit_compile)
+        batch = synthetic_batch(cfg.global_batch, cfg.size)  # fit wants (x, y), not a dict
         self.dataset = tf.data.Dataset.from_tensors((batch["image"], batch["label"])).repeat()
-        self.steps = steps
+        self.steps = cfg.steps
 
     def __call__(self):
         """Steady state: fit runs 2 executions of k steps; timed is the second, from the
@@ -187,42 +214,49 @@ class _ExecutionClock(keras.callbacks.Callback):
         self.ends.append(time.perf_counter())
 
 
-def measure(size, num_replicas, precision, global_batch, steps, repeats, strategy_kind) -> dict:
-    """Images/s of the three runners on one configuration, timed interleaved."""
-    keras.mixed_precision.set_global_policy(precision)
+RUNNER_CLASSES = {"expframe": ExpframeRunner, "handwritten": HandwrittenRunner, "keras_fit": KerasFitRunner}
+
+
+def measure(cfg: Setup, repeats: int, runners: Sequence[str] = RUNNERS) -> dict:
+    """Images/s of the runners on one configuration, timed interleaved."""
+    keras.mixed_precision.set_global_policy(cfg.precision)
     try:
-        runners, build_s, first_s = {}, {}, {}
-        for name, cls in zip(RUNNERS, (ExpframeRunner, HandwrittenRunner, KerasFitRunner), strict=True):
+        built, build_s, first_s = {}, {}, {}
+        for name in runners:
             start = time.perf_counter()
-            runners[name] = cls(size, num_replicas, global_batch, steps, strategy_kind)
+            built[name] = RUNNER_CLASSES[name](cfg)
             build_s[name] = time.perf_counter() - start
             start = time.perf_counter()
-            runners[name]()  # trace + first steps, not timed
+            built[name]()  # trace + first steps, not timed
             first_s[name] = time.perf_counter() - start
-        for name in RUNNERS:  # the second call of a fresh function was seen to take 10x longer
-            runners[name]()
-        times = {name: [] for name in RUNNERS}
+        for name in runners:  # the second call of a fresh function was seen to take 10x longer
+            built[name]()
+        times = {name: [] for name in runners}
         for i in range(repeats):
-            order = RUNNERS[i % 3:] + RUNNERS[:i % 3]  # rotate who goes first
+            order = list(runners[i % len(runners):]) + list(runners[:i % len(runners)])  # rotate who goes first
             for name in order:
-                loss, seconds = runners[name]()
+                loss, seconds = built[name]()
                 times[name].append(seconds)
                 if not np.isfinite(loss):
-                    raise RuntimeError(f"{name}: loss {loss} at size {size}, {num_replicas} replicas, {precision}")
+                    raise RuntimeError(f"{name}: loss {loss} at {cfg}")
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    row = {"image_size": size, "num_replicas": num_replicas, "precision": precision,
-           "global_batch_size": global_batch, "steps_per_call": steps, "repeats": repeats}
-    for name in RUNNERS:
+    row = {"image_size": cfg.size, "num_replicas": cfg.num_replicas, "precision": cfg.precision,
+           "global_batch_size": cfg.global_batch, "steps_per_call": cfg.steps, "repeats": repeats,
+           "target": cfg.target, "jit_compile": cfg.jit_compile, "depth": cfg.depth}
+    for name in runners:
         median = statistics.median(times[name])
-        row[name] = {"images_per_sec": steps * global_batch / median, "median_s_per_call": median,
+        row[name] = {"images_per_sec": cfg.steps * cfg.global_batch / median, "median_s_per_call": median,
                      "times_s": times[name], "build_s": build_s[name], "first_call_s": first_s[name]}
+    if "keras_fit" in built:
+        row["keras_fit"]["keras_default_jit_compile"] = built["keras_fit"].keras_default_jit
     for name in ("handwritten", "keras_fit"):
-        row[f"expframe_over_{name}"] = row["expframe"]["images_per_sec"] / row[name]["images_per_sec"]
-        # Paired per-repeat ratios are steadier on a shared machine.
-        row[f"expframe_over_{name}_paired"] = statistics.median(
-            [o / e for e, o in zip(times["expframe"], times[name], strict=True)])
-    del runners
+        if "expframe" in runners and name in runners:
+            row[f"expframe_over_{name}"] = row["expframe"]["images_per_sec"] / row[name]["images_per_sec"]
+            # Paired per-repeat ratios are steadier on a shared machine.
+            row[f"expframe_over_{name}_paired"] = statistics.median(
+                [o / e for e, o in zip(times["expframe"], times[name], strict=True)])
+    del built
     gc.collect()
     return row
 
@@ -249,6 +283,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--baseline_strategy", choices=handwritten.STRATEGIES, default="same",
                         help="the baselines' MirroredStrategy (see benchmarks/handwritten.py)")
+    parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS),
+                        help="which of the three to time (default all)")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     if args.quick:
@@ -265,24 +301,32 @@ def main():
     peak = peak_matmul_gflops(cfg["matmul_n"], repeats=5)
     print(f"peak matmul ({cfg['matmul_n']}^2): float32 {peak['float32']:.1f} GFLOP/s, "
           f"bfloat16 {peak['bfloat16']:.1f} GFLOP/s", flush=True)
+    # What `run_experiment.precision = 'auto'` runs with on this machine (its cached
+    # measurement, or one made now), set beside the precisions measured below.
+    auto = auto_settings.precision_choice("cpu")
+    load_start = os.getloadavg()[0]
     print(f"ResNet-50, global batch {cfg['global_batch_size']}, {cfg['steps_per_call']} step(s) per call, "
-          f"{cfg['repeats']} interleaved repeats; images/s (MFU)")
+          f"{cfg['repeats']} interleaved repeats; images/s (MFU); * = the precision 'auto' chose here")
     print(f"{'size':>4} {'rep':>3} {'precision':>14} | {'expframe':>14} {'handwritten':>14} {'keras_fit':>14} "
           f"| {'xf/hand':>7} {'xf/fit':>7}")
     rows = []
     for size in cfg["sizes"]:
         for n in cfg["replicas"]:
             for precision in cfg["precisions"]:
-                row = measure(size, n, precision, cfg["global_batch_size"], cfg["steps_per_call"], cfg["repeats"],
-                              args.baseline_strategy)
+                row = measure(Setup(size, n, precision, cfg["global_batch_size"], cfg["steps_per_call"],
+                                    args.baseline_strategy), cfg["repeats"], tuple(args.runners))
                 peak_for = peak["bfloat16" if "bfloat16" in precision else "float32"]
-                for name in RUNNERS:
+                for name in args.runners:
                     row[name]["mfu"] = mfu(row[name]["images_per_sec"], size, peak_for)
                 row["peak_gflops_used"] = peak_for
                 rows.append(row)
-                cells = " ".join(f"{row[r]['images_per_sec']:>7.2f} ({row[r]['mfu']:>4.0%})" for r in RUNNERS)
-                print(f"{size:>4} {n:>3} {precision:>14} | {cells} | {row['expframe_over_handwritten_paired']:>7.3f} "
-                      f"{row['expframe_over_keras_fit_paired']:>7.3f}", flush=True)
+                cells = " ".join(f"{row[r]['images_per_sec']:>7.2f} ({row[r]['mfu']:>4.0%})" if r in row
+                                 else f"{'-':>14}" for r in RUNNERS)
+                mark = "*" if precision == auto.value else " "
+                print(f"{size:>4} {n:>3} {mark}{precision:>13} | {cells} | "
+                      f"{row.get('expframe_over_handwritten_paired', float('nan')):>7.3f} "
+                      f"{row.get('expframe_over_keras_fit_paired', float('nan')):>7.3f}",
+                      flush=True)
                 # After every configuration: a long run stopped early keeps what it measured.
                 result = {"benchmark": "resnet50_throughput", "quick": args.quick, "config": cfg,
                           "baseline_strategy": args.baseline_strategy,
@@ -290,9 +334,40 @@ def main():
                           "flops_per_mac": FLOPS_PER_MAC, "train_gflop_per_image_224": train_gflop_per_image(224),
                           "tensorflow": tf.__version__, "keras": keras.__version__,
                           "machine": {"platform": platform.platform(), "cpu": cpu_name(), "cpus": os.cpu_count()},
+                          "auto_precision": auto_report(auto, rows),
+                          "load_average_1min": {"start": load_start, "end": os.getloadavg()[0]},
                           "wall_s": time.perf_counter() - started, "results": rows}
                 _write_json(args.out, result)
+    for line in auto_report(auto, rows)["lines"]:
+        print(line)
+    print(f"1-minute load average {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end "
+          f"({os.cpu_count()} CPUs; ratios are measured side by side)")
     print(f"wrote {args.out} ({time.perf_counter() - started:.0f} s)")
+
+
+def auto_report(auto, rows) -> dict:
+    """'auto''s choice and its probe beside what this run measured: for each size and
+    replica count with both float32 and mixed_bfloat16, expframe's mixed_bfloat16 /
+    float32 images/s, and whether 'auto' picked the faster one."""
+    probe = autotune.ratios_text(auto.seconds, ("float32", "mixed_bfloat16")) if auto.seconds else "not measured"
+    report = {"choice": auto.value, "probe_seconds": auto.seconds, "measured_at": auto.measured_at,
+              "probe_load_average": auto.load_average, "cache": auto.path, "comparisons": [],
+              "lines": [f"precision 'auto' on this machine: {auto.value} (its probe: {probe}, measured "
+                        f"{'now' if auto.measured_now else auto.measured_at})"]}
+    by_config = {}
+    for row in rows:
+        by_config.setdefault((row["image_size"], row["num_replicas"]), {})[row["precision"]] = row
+    for (size, n), found in sorted(by_config.items()):
+        if {"float32", "mixed_bfloat16"} <= found.keys():
+            speed = {p: found[p]["expframe"]["images_per_sec"] for p in ("float32", "mixed_bfloat16")}
+            ratio = speed["mixed_bfloat16"] / speed["float32"]
+            faster = "mixed_bfloat16" if ratio > 1 else "float32"
+            report["comparisons"].append({"image_size": size, "num_replicas": n, "bfloat16_over_float32": ratio,
+                                          "auto_picked_the_faster": faster == auto.value})
+            report["lines"].append(
+                f"  ResNet-50 {size}x{size}, {n} replica(s): mixed_bfloat16 {ratio:.2f}x float32 (expframe); "
+                f"'auto' {'picked' if faster == auto.value else 'did NOT pick'} the faster ({faster})")
+    return report
 
 
 def _write_json(path: str, result: dict) -> None:

@@ -10,41 +10,30 @@ import tensorflow as tf
 
 from expframe import config, provenance
 from expframe.errors import ConfigError
-from expframe.replicator import Replicator, cluster
+from expframe.replicator import Replicator, auto_settings, cluster
 from expframe.run_files import RunFiles
 from expframe.tasks.base import Task
 from expframe.trainer import Trainer
 
 MODES = ("train", "eval", "train_and_eval")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
+PRECISIONS = auto_settings.PRECISIONS
 
 
-def _precision_for(precision: str, target: str) -> str:
+def _precision_for(precision: str, replicator: Replicator) -> str:
+    """The Keras policy: as bound, or for 'auto' the fastest measured on this machine
+    (`Replicator.fastest_precision`; mixed_bfloat16 on a TPU, float32 on a mesh)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"run_experiment.precision={precision!r}: use one of {', '.join(PRECISIONS)}.")
-    if target == "mesh" and precision.startswith("mixed"):
+    if replicator.target == "mesh" and precision.startswith("mixed"):
         # The tensor-parallel layers are tf.Modules of float32 DTensor variables: Keras'
         # dtype policy does not reach them, so the run would silently stay float32.
         raise ConfigError(
             f"run_experiment.precision={precision!r} is not available on Replicator.target='mesh': its "
             "tensor-parallel layers compute in float32 and would ignore it; use run_experiment.precision='float32' "
             "(or 'auto').")
-    if precision != "auto":
-        return precision
-    if target == "tpu" or (target == "cpu" and _cpu_has_bfloat16()):
-        return "mixed_bfloat16"
-    return "mixed_float16" if target == "gpu" else "float32"
-
-
-def _cpu_has_bfloat16() -> bool:
-    """bfloat16 pays on CPUs with native bf16 matmuls (AVX512_BF16, AMX); elsewhere it is
-    emulated and slower (measured: 50 GFLOP/s for both dtypes on an AVX2-only CPU)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    if precision == "auto" and replicator.target == "mesh":
+        return "float32"  # the only precision the mesh's layers compute in
+    return replicator.fastest_precision() if precision == "auto" else precision
 
 
 def _gin_call(fn):
@@ -106,7 +95,8 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
       task: the Task (e.g. `@ClassificationTask()`).
       seed: initialisation and data order.
       deterministic: op determinism (same weights on rerun and on resume).
-      precision: 'float32', 'mixed_bfloat16', 'mixed_float16' or 'auto' (by target).
+      precision: 'float32', 'mixed_bfloat16', 'mixed_float16' or 'auto' (measured: the fastest
+        on this machine, cached; see expframe/replicator/auto_settings.py).
       dry_run: build everything a run builds before its first step (Replicator, Trainer,
         the task's model, optimizer and input pipelines), check a resume (the config
         and the checkpoint's shapes, read only), then return without training or
@@ -120,7 +110,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     if deterministic:
         tf.config.experimental.enable_op_determinism()
     replicator = _gin_call(Replicator)
-    keras.mixed_precision.set_global_policy(_precision_for(precision, replicator.target))
+    keras.mixed_precision.set_global_policy(_precision_for(precision, replicator))
     trainer = _gin_call(Trainer)
     if not isinstance(task, Task):
         raise ConfigError(f"run_experiment.task must be a Task instance (e.g. @ClassificationTask()), got {task!r}.")

@@ -101,6 +101,8 @@ class Trainer:
     def prepare(self, replicator, task: Task, seed: int, deterministic: bool) -> None:
         """Builds the task in the replicator's scope, its input, checkpointer and evaluator."""
         self.rep, self.task = replicator, task
+        if task.xla_incompatible:  # refused here, before anything is built or written, if XLA is asked for
+            replicator.exclude_from_xla(task.train_step, f"{type(task).__name__}'s train step {task.xla_incompatible}")
         task.setup(replicator, self.global_batch_size, seed, deterministic)
         with replicator.scope():
             task.build()

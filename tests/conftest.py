@@ -1,11 +1,18 @@
 """Test session set-up: split the CPU before any TensorFlow op runs, quiet logs."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TFDS_DISABLE_GCS", "1")
+# Measured choices ('auto' precision and XLA) go to a cache of this test session, never
+# to the user's (~/.cache/expframe); main.py subprocesses inherit it.
+os.environ["EXPFRAME_CACHE_DIR"] = tempfile.mkdtemp(prefix="expframe_test_cache_")
+atexit.register(shutil.rmtree, os.environ["EXPFRAME_CACHE_DIR"], True)
 
 import expframe  # noqa: E402
 

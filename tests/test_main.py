@@ -136,6 +136,8 @@ BAD_INPUTS = [
     ("bad image size", ["shapes_input.image_size = 48"], "shapes_input.image_size=48: use 32 or 64"),
     ("gin syntax error", ["Trainer.train_steps = = 3"], "--gin_param="),
     ("bad precision", ["run_experiment.precision = 'float8'"], "run_experiment.precision='float8'"),
+    ("XLA on 2 CPU replicas", ["Replicator.jit_compile = True"],
+     "Replicator.jit_compile=True on target 'cpu': XLA cannot compile a step that updates variables mirrored"),
     ("bad resnet depth", ["resnet.depth = 19"], "resnet.depth=19 is not a ResNet depth"),
 ]
 

@@ -1,15 +1,16 @@
 """The Replicator: TF-Replicator's programming model on top of `tf.distribute`."""
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import gin
 import tensorflow as tf
 
 from expframe.errors import ConfigError
-from expframe.replicator import collectives, targets
+from expframe.replicator import auto_settings, collectives, targets
 from expframe.replicator.inputs import DistributedInput, per_replica
 from expframe.replicator.mesh_target import MeshTarget
+from expframe.replicator.xla_steps import XlaSteps
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")
 
@@ -84,10 +85,14 @@ class Replicator:
         devices (GPUs when present, else the 'cpu' target's logical CPUs); data is
         split over 'batch' (num_replicas = b), kernels of the layers in
         expframe.layers.tensor_parallel over 'model' (see mesh_target.py).
+      jit_compile: compile the per-replica train step (what `run_steps` runs) with
+        XLA: False, True, or 'auto' (measured on GPUs, off on CPUs; see
+        expframe/replicator/auto_settings.py for each target). True where XLA cannot
+        work (several logical CPU devices, parameter servers, a mesh) is a ConfigError.
     """
 
     def __init__(self, target: str = "cpu", num_replicas: Optional[int] = None,
-                 mesh_shape: Optional[Dict[str, int]] = None):
+                 mesh_shape: Optional[Dict[str, int]] = None, jit_compile: Union[bool, str] = "auto"):
         self.target = targets.auto_target() if target == "auto" else target
         self.strategy = targets.make_strategy(self.target, num_replicas)
         self.mesh_target = None
@@ -100,6 +105,13 @@ class Replicator:
         if self.target == "parameter_server":
             self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self._identity = targets.worker_identity(self.target, self.strategy)
+        self.jit_compile = jit_compile
+        self._xla = XlaSteps(jit_compile, self.target, self._local_replicas())
+
+    def _local_replicas(self) -> int:
+        if self.mesh_target is not None or self.coordinator is not None:
+            return 1
+        return len(self.strategy.extended.worker_devices)
 
     # -- where we are ----------------------------------------------------------------
 
@@ -148,6 +160,29 @@ class Replicator:
                     yield
             else:  # one copy already: one replica, or variables on parameter servers
                 yield
+
+    # -- speed: precision and XLA --------------------------------------------------
+
+    def fastest_precision(self, make_timer=None, directory: Optional[str] = None) -> str:
+        """The Keras precision policy that `run_experiment.precision = 'auto'` means here:
+        measured once per machine (expframe/replicator/auto_settings.py), the same on
+        every worker (the most conservative of the workers' choices)."""
+        choice = auto_settings.auto_precision(self.target, make_timer=make_timer, directory=directory)
+        if self.num_workers > 1:
+            order = auto_settings.PRECISIONS
+            choice = order[int(self.agree(float(order.index(choice)), "min"))]
+        return choice
+
+    @property
+    def compiles_steps(self) -> bool:
+        """Whether `run_steps` compiles the step with XLA (`jit_compile`; 'auto' is decided
+        on first use, under the precision policy in force then)."""
+        return self._xla.compiles
+
+    def exclude_from_xla(self, step_fn: Callable[..., Any], reason: str) -> None:
+        """Marks a step that XLA cannot compile (it calls the host, say): `run_steps` never
+        compiles it, and with `jit_compile=True` this is a ConfigError naming `reason`."""
+        self._xla.exclude(step_fn, reason)
 
     # -- data ------------------------------------------------------------------------
 
@@ -278,18 +313,23 @@ class Replicator:
             return {k: sum(n * float(m[k]) for n, m in fetched) / num_steps for k in fetched[0][1]}
         if self.mesh_target is not None:
             return self.mesh_target.run_steps(step_fn, iterator, num_steps)
-        loop = self._step_loop(step_fn)
-        return {k: float(v) for k, v in loop(iterator, tf.constant(num_steps, tf.int32)).items()}
+        loop = self._step_loop(step_fn, iterator)
+        return {k: float(v) for k, v in self._xla.call(loop, iterator, tf.constant(num_steps, tf.int32)).items()}
 
-    def _step_loop(self, step_fn: Callable[..., Any]):
-        """The tf.function of `run_steps` on synchronous targets, one per step_fn."""
+    def _step_loop(self, step_fn: Callable[..., Any], iterator):
+        """The tf.function of `run_steps` on synchronous targets, one per step_fn: the
+        replicated host loop around the step, compiled with XLA per `jit_compile` (under
+        'auto' traced first with `iterator`, see xla_steps.py)."""
         if not hasattr(self, "_step_loops"):
             self._step_loops = {}
         loop = self._step_loops.get(step_fn)
         if loop is None:
-            def host_call(it, n):
-                return mean_over_steps(lambda: self.reduce(self.run(step_fn, next(it)), "mean"), n)
-            loop = self._step_loops[step_fn] = tf.function(host_call)
+            def build(replica_step):
+                def host_call(it, n):
+                    return mean_over_steps(lambda: self.reduce(self.run(replica_step, next(it)), "mean"), n)
+                return tf.function(host_call)
+            loop = self._step_loops[step_fn] = self._xla.host_loop(build, step_fn, iterator,
+                                                                   tf.TensorSpec([], tf.int32))
         return loop
 
     def check_variables(self, trackables: Dict[str, Any], owner: str) -> None:
@@ -307,7 +347,7 @@ class Replicator:
         step is traced by its first `run_steps` (it needs a worker or a batch).
         """
         if self.coordinator is None and self.mesh_target is None:
-            self._step_loop(step_fn).get_concrete_function(iterator, tf.TensorSpec([], tf.int32))
+            self._step_loop(step_fn, iterator).get_concrete_function(iterator, tf.TensorSpec([], tf.int32))
 
     def schedule_steps(self, step_fn: Callable[..., Any], per_worker_iterator, num_steps: int) -> Any:
         """parameter_server: schedules `num_steps` steps of `step_fn(next(iterator))` on a free worker.
@@ -318,8 +358,10 @@ class Replicator:
             self._worker_loops = {}
         loop = self._worker_loops.get(step_fn)
         if loop is None:
+            replica_step = self._xla.replica_step(step_fn)
+
             def worker_loop(iterator, n):
-                return mean_over_steps(lambda: self.strategy.run(step_fn, args=(next(iterator),)), n)
+                return mean_over_steps(lambda: self.strategy.run(replica_step, args=(next(iterator),)), n)
             loop = self._worker_loops[step_fn] = tf.function(worker_loop)
         return self.coordinator.schedule(loop, args=(per_worker_iterator, tf.constant(num_steps, tf.int32)))
 

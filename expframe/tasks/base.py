@@ -35,6 +35,10 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
                           leaves the data position out of checkpoints and the task's
                           trackables() carry what it needs to resume.
   write_outputs(dir, step) optional: artefacts such as GAN sample grids.
+  xla_incompatible        class attribute; None, or why XLA cannot compile
+                          train_step (e.g. it calls the host): the step then never
+                          runs under Replicator.jit_compile, and jit_compile=True is
+                          refused before the run starts.
 """
 
 from typing import Any, Dict, Optional
@@ -51,6 +55,8 @@ class Task:
     examples_per_step: int = 0
     #: Whether the trainer checkpoints the position of train_input_fn's iterator.
     checkpoint_input: bool = True
+    #: None, or why XLA cannot compile train_step (Replicator.jit_compile leaves it uncompiled).
+    xla_incompatible: Optional[str] = None
 
     def setup(self, replicator, global_batch_size: int, seed: int, deterministic: bool) -> None:
         """Called by the trainer before build(): where and how the task runs."""

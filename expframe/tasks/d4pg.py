@@ -116,6 +116,7 @@ class D4PGTask(ObservationNetworks, Task):
     """
 
     checkpoint_input = False
+    xla_incompatible = "sends its TD errors to the host (tf.numpy_function)"
 
     def __init__(self, environment: Callable[..., Any] = control_suite,
                  policy_network: Callable[..., keras.Model] = d4pg_policy,

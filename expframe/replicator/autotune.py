@@ -1,0 +1,177 @@
+"""Choices made by measuring this machine once: the fastest of a few candidates, cached.
+
+`run_experiment.precision = 'auto'` and `Replicator.jit_compile = 'auto'` (on the
+targets where it is measured) ask a question whose answer depends on the hardware,
+not on its name: whether bfloat16 is faster than float32 on a CPU is not told by its
+flags (an AVX512_BF16 Xeon ran ResNet-50 at 0.74x in bfloat16). So the answer is
+measured: on first use, a small probe (`expframe/replicator/probes.py`) is timed
+for every candidate on the target's devices, a few seconds at most, and the choice
+is cached per question, device model and TensorFlow version in
+`$EXPFRAME_CACHE_DIR`, else `$XDG_CACHE_HOME/expframe`, else `~/.cache/expframe`,
+file `measured_choices.json`. Every use logs one line: the choice, the measured
+speed ratios, where it is cached. `EXPFRAME_REMEASURE=1` measures again (and
+rewrites the entry); so does deleting the file. A cache that cannot be read (not
+JSON, a damaged entry) is measured again and rewritten, with a line saying so; one
+that cannot be written is reported and the run goes on with the measured choice.
+
+The rule: candidates come in order of preference (the first is the baseline,
+float32 or no XLA); a later candidate replaces the current choice only if it is at
+least `MIN_SPEEDUP` times faster, so that noise never flips a choice and a
+numerically riskier candidate must pay for itself. Each candidate is timed
+`REPEATS` times, interleaved, and its fastest time counts (other work on the
+machine only ever adds time).
+"""
+
+import datetime
+import json
+import os
+import tempfile
+from typing import Callable, Dict, NamedTuple, Optional, Sequence
+
+CACHE_ENV = "EXPFRAME_CACHE_DIR"
+REMEASURE_ENV = "EXPFRAME_REMEASURE"
+CACHE_FILE = "measured_choices.json"
+MIN_SPEEDUP = 1.05
+REPEATS = 5
+
+# A timer answers: how many seconds does one run of the probe take for this candidate?
+Timer = Callable[[str], float]
+
+
+def cache_dir() -> str:
+    """Where measured choices are cached (see the module docstring)."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "expframe")
+
+
+class Choice(NamedTuple):
+    """A measured choice: the value, each candidate's fastest probe time, and its origin."""
+
+    value: str
+    seconds: Dict[str, float]
+    measured_now: bool
+    path: str
+    measured_at: str
+    load_average: Optional[float]
+
+
+def _load(path: str):
+    """(entries, problem): the cache's entries, and why it could not be read (or None)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            entries = json.load(f)
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError) as e:
+        return {}, f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+    if not isinstance(entries, dict):
+        return {}, f"not a JSON object but {type(entries).__name__}"
+    return entries, None
+
+
+def _valid(entry, candidates: Sequence[str]) -> bool:
+    if not isinstance(entry, dict) or entry.get("choice") not in candidates:
+        return False
+    seconds = entry.get("seconds")
+    return isinstance(seconds, dict) and all(isinstance(v, (int, float)) and v > 0 for v in seconds.values())
+
+
+def _save(path: str, entries: dict) -> Optional[str]:
+    """Writes the cache atomically; returns why it could not (or None)."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp_" + CACHE_FILE)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(entries, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def decide(seconds: Dict[str, float], candidates: Sequence[str], min_speedup: float = MIN_SPEEDUP) -> str:
+    """The rule (module docstring): the first candidate unless a later one is `min_speedup` times faster."""
+    best = candidates[0]
+    for candidate in candidates[1:]:
+        if candidate in seconds and seconds[candidate] * min_speedup < seconds[best]:
+            best = candidate
+    return best
+
+
+def measure(candidates: Sequence[str], timer: Timer, repeats: int = REPEATS) -> Dict[str, float]:
+    """Each candidate's fastest of `repeats` interleaved timings. A candidate whose probe
+    fails (its dtype unsupported on the device, XLA unable to compile) is left out;
+    the first (the baseline) must run."""
+    times: Dict[str, list] = {c: [] for c in candidates}
+    failed = {}
+    for r in range(repeats):
+        order = list(candidates[r % len(candidates):]) + list(candidates[:r % len(candidates)])
+        for candidate in order:
+            if candidate in failed:
+                continue
+            try:
+                times[candidate].append(float(timer(candidate)))
+            except Exception as e:  # pylint: disable=broad-except  (any failure rules the candidate out)
+                if candidate == candidates[0]:
+                    raise
+                failed[candidate] = e
+    return {c: min(t) for c, t in times.items() if t and c not in failed}
+
+
+def ratios_text(seconds: Dict[str, float], candidates: Sequence[str]) -> str:
+    """'mixed_bfloat16 0.74x' for each candidate measured beside the baseline: its speed over the baseline's."""
+    base = candidates[0]
+    parts = [f"{c} {seconds[base] / seconds[c]:.2f}x" for c in candidates[1:] if c in seconds]
+    missing = [c for c in candidates[1:] if c not in seconds]
+    text = ", ".join(parts) + f" the speed of {base}" if parts else f"only {base} ran"
+    return text + (f" ({', '.join(missing)} failed to run)" if missing and parts else "")
+
+
+def choose(question: str, key: str, candidates: Sequence[str], make_timer: Callable[[], Timer],
+           what: str, directory: Optional[str] = None, remeasure: Optional[bool] = None,
+           log: Callable[[str], None] = None, repeats: int = REPEATS) -> Choice:
+    """The cached choice for `key`, or a new measurement (cached and returned).
+
+    Args:
+      question: the binding answered, for the log line (e.g. "run_experiment.precision").
+      key: identifies the answer's validity: question, device model, TF version, ...
+      candidates: in order of preference; the first is the baseline.
+      make_timer: builds the probe (called only when measuring).
+      what: the device and probe, for the log line.
+      directory: the cache directory (default `cache_dir()`).
+      remeasure: measure even if cached (default: `EXPFRAME_REMEASURE` is set to 1).
+      log: where the one line goes (default: stdout).
+      repeats: timings per candidate.
+    """
+    log = log or (lambda line: print(line, flush=True))
+    path = os.path.join(directory or cache_dir(), CACHE_FILE)
+    if remeasure is None:
+        remeasure = os.environ.get(REMEASURE_ENV, "") not in ("", "0")
+    entries, problem = _load(path)
+    if problem:
+        log(f"expframe: the measured-choice cache {path} cannot be read ({problem}); measuring again")
+    entry = entries.get(key)
+    if entry is not None and not _valid(entry, candidates):
+        log(f"expframe: the measured-choice cache {path} has a damaged entry for {key!r}; measuring again")
+        entry = None
+    if entry is not None and not remeasure:
+        choice = Choice(entry["choice"], entry["seconds"], False, path, entry.get("measured_at", "?"),
+                        entry.get("load_average"))
+    else:
+        seconds = measure(candidates, make_timer(), repeats)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        now = datetime.datetime.now().isoformat(timespec="seconds")
+        choice = Choice(decide(seconds, candidates), seconds, True, path, now, load)
+        entries[key] = {"choice": choice.value, "seconds": seconds, "measured_at": now, "load_average": load}
+        failure = _save(path, entries)
+        if failure:
+            log(f"expframe: could not write the measured-choice cache {path} ({failure}); "
+                "the choice holds for this run only")
+    load_text = "" if choice.load_average is None else f" at load average {choice.load_average:.2f}"
+    when = f"measured now{load_text}" if choice.measured_now else f"measured {choice.measured_at}{load_text}"
+    log(f"expframe: {question}='auto' -> {choice.value} on {what}: {ratios_text(choice.seconds, candidates)} "
+        f"({when}); cached in {path} ({REMEASURE_ENV}=1 measures again)")
+    return choice
