@@ -396,9 +396,10 @@ def run_matrix(data_dir: str, work_dir: str, slow: bool = False, parallel: int =
     return results
 
 
-def _compare(results: Dict[str, dict], slow: bool) -> None:
-    """Adds each run's agreement with its family's float32 1-replica reference."""
-    for combo in combinations(slow):
+def _compare(results: Dict[str, dict], slow: bool, combos: Optional[Sequence[Combination]] = None) -> None:
+    """Adds each run's agreement with its family's float32 1-replica reference (of
+    `combos`; default: the matrix's, with `slow` or not)."""
+    for combo in combinations(slow) if combos is None else combos:
         result = results[combo.key]
         if result["result"] != "ran":
             continue
@@ -414,6 +415,43 @@ def _compare(results: Dict[str, dict], slow: bool) -> None:
         else:  # a cluster run: its final checkpoint
             end = parameters(os.path.join(result["model_dir"], "checkpoints", f"ckpt-{STEPS}"), family.networks)
         result["agreement"] = agreement(end, ref_start, ref_end)
+
+
+def run_target(target: str, families: Sequence[str] = ("classification", "sngan", "d4pg"),
+               precisions: Sequence[str] = PRECISIONS) -> List[Dict[str, str]]:
+    """The single-process families on one replica of `target` (e.g. 'gpu') at each
+    precision, against their float32 run on one CPU replica, with the matrix's
+    thresholds; the entry point of benchmarks/gpu_check.py.
+
+    Returns:
+      Rows {"combination", "result" ('matches', 'DOES NOT MATCH', 'refused: ...',
+      'failed'), "agreement" (in words)}.
+    """
+    name = f"{target} x1"
+    TARGETS.setdefault(name, Target(name, (f"Replicator.target = '{target}'", "Replicator.num_replicas = 1",
+                                           "Replicator.mesh_shape = None")))
+    work_dir = tempfile.mkdtemp(prefix="conformance_target_")
+    os.environ["TFDS_DATA_DIR"] = data_dir = os.path.join(work_dir, "tfds")
+    from expframe.data import shapes  # pylint: disable=import-outside-toplevel
+    for split in ("train", "test"):
+        shapes.load_shapes(split, size=32, data_dir=data_dir, num_train=512, num_test=64)
+    combos = [Combination(f, name, p) for f in families for p in precisions]
+    results = {}
+    for combo in [reference(f) for f in families] + combos:
+        if combo.key not in results:
+            try:
+                results[combo.key] = _run_in_process(combo, work_dir)
+            except Exception as e:  # pylint: disable=broad-except  # a row of the table, not a crash
+                results[combo.key] = {"result": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+    _compare(results, slow=True, combos=[c for c in combos if results[c.key]["result"] == "ran"])
+    rows = []
+    for combo in combos:
+        result = results[combo.key]
+        a = result.get("agreement")
+        words = (f"max abs diff {a['max_abs_diff']:.2e}, update cosine {a['cosine']:.6f}, norm ratio "
+                 f"{a['norm_ratio']:.4f}" if a else result.get("error", ""))
+        rows.append({"combination": combo.key, "result": result_text(combo, result), "agreement": words})
+    return rows
 
 
 # -- the table -------------------------------------------------------------------------
