@@ -18,6 +18,12 @@ from expframe.replicator import auto_settings, autotune, probes
 CPU = ("float32", "mixed_bfloat16")
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """A quiet machine, whatever this one's load: measurements are cached (a busy one: below)."""
+    monkeypatch.setattr(autotune, "_load_average", lambda: 0.0)
+
+
 def fake_timer(seconds, calls=None):
     """make_timer for autotune: each candidate takes `seconds[candidate]`; counts calls."""
     def make():
@@ -128,6 +134,24 @@ def test_damaged_entry_is_measured_again(tmp_path, entry):
     assert choose(tmp_path, {"float32": 1.0, "mixed_bfloat16": 0.5}, lines=lines).value == "mixed_bfloat16"
     assert "damaged entry" in lines[0]
     assert cache(tmp_path)["other"] == 1  # the rest of the cache is kept
+
+
+def test_a_measurement_on_a_busy_machine_is_used_once_and_not_cached(tmp_path):
+    """Under load a ratio can flip (bfloat16 1.19x 'faster' at load 16 on 2 cores while
+    its matmuls and convolutions were slower): the choice holds for this run only."""
+    lines = []
+    busy = autotune._cores() + 1.0  # pylint: disable=protected-access
+    choice = choose(tmp_path, {"float32": 1.0, "mixed_bfloat16": 0.5}, lines=lines, load_average=lambda: busy)
+    assert choice.value == "mixed_bfloat16" and choice.measured_now
+    assert any("busy" in line and "not cached" in line and "next run measures again" in line for line in lines), lines
+    assert not (tmp_path / autotune.CACHE_FILE).exists()
+    # Quiet again: measured afresh and cached.
+    calls = []
+    again = autotune.choose("run_experiment.precision", "precision|CPU test|TF x", CPU,
+                            fake_timer({"float32": 1.0, "mixed_bfloat16": 2.0}, calls), "CPU test",
+                            directory=str(tmp_path), log=[].append)
+    assert calls and again.value == "float32"
+    assert cache(tmp_path)["precision|CPU test|TF x"]["choice"] == "float32"
 
 
 def test_unwritable_cache_still_gives_the_measured_choice(tmp_path):
