@@ -61,6 +61,9 @@ def test_one_and_two_replicas_give_the_same_losses(data_dir, tmp_path):
     assert len(set(np.round(losses[1], 6))) > 1, "losses did not change: nothing was trained"
 
 
+# Slow (about 105 s): for the default suite's time limit; SIGKILL and exact resume are in the
+# default tests through tests/test_recovery.py's chaos test (bit-identical end).
+@pytest.mark.slow
 def test_sigkill_and_resume_equals_uninterrupted(data_dir, tmp_path):
     params = DETERMINISTIC + ("Trainer.train_steps = 12", "Trainer.steps_per_loop = 1",
                               "Trainer.log_every_steps = 1", "Trainer.checkpoint_every_steps = 3")

@@ -236,6 +236,9 @@ def test_worker_identity_comes_from_the_cluster_resolver(tmp_path, resolver):
 
 # -- synchronous training across processes ----------------------------------------------
 
+# Slow (about 85 s): the same equality is in the default tests as the conformance matrix's
+# 'classification | multi_worker x2 | float32' cell (tests/conformance/).
+@pytest.mark.slow
 @pytest.mark.timeout(540)
 def test_two_workers_match_two_local_replicas_and_only_the_chief_writes(data_dir, tmp_path, clusters):
     # The cluster stops at step 3 and a rerun resumes to step 6: each worker must rebuild
@@ -321,6 +324,8 @@ def _readme_command(target, model_dir, params=()):
             + [f"--gin_param={p}" for p in QUICKSTART_SHRUNK + tuple(params)] + [f"--model_dir={model_dir}"])
 
 
+# Slow (about 55 s): the launcher runs in the default tests through test_extending_doc.py.
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_readme_launcher_example_with_3_workers(data_dir, tmp_path, clusters):
     model_dir = tmp_path / "run"

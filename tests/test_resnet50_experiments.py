@@ -58,6 +58,8 @@ def _trainable(reader):
     return {n: reader.get_tensor(n) for n in names}
 
 
+# Slow (about 160 s): for the default suite's time limit.
+@pytest.mark.slow
 def test_fake_experiment_trains_and_evaluates_on_two_cpu_replicas(tmp_path):
     model_dir = tmp_path / "run"
     done = mr.run([FAKE], model_dir, tmp_path / "tfds", SMALL + ("Trainer.checkpoint_every_steps = 1",), timeout=900)

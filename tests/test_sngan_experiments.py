@@ -98,6 +98,9 @@ def _checkpoint(model_dir):
     return {n: reader.get_tensor(n) for n in names}
 
 
+# Slow (about 255 s): for the default suite's time limit; the SN-GAN's run, metrics and
+# page are in the default tests through the reproduce quick set (tests/test_reproduce.py).
+@pytest.mark.slow
 def test_shapes_runs_writes_metrics_and_grids_and_resumes_exactly_after_sigkill(data_dir, tmp_path):
     straight = tmp_path / "straight"
     done = mr.run([SHAPES], straight, data_dir, SHAPES_SMALL, timeout=600)
