@@ -9,6 +9,10 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TFDS_DISABLE_GCS", "1")
+# Under pytest-xdist (`-n`, on by default: pyproject.toml) each worker process builds its
+# TFDS data sets in its own subfolder, so two workers never write one build at once.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("TFDS_DATA_DIR"):
+    os.environ["TFDS_DATA_DIR"] = os.path.join(os.environ["TFDS_DATA_DIR"], os.environ["PYTEST_XDIST_WORKER"])
 # Measured choices ('auto' precision and XLA) go to a cache of this test session, never
 # to the user's (~/.cache/expframe); main.py subprocesses inherit it.
 os.environ["EXPFRAME_CACHE_DIR"] = tempfile.mkdtemp(prefix="expframe_test_cache_")
@@ -19,6 +23,29 @@ import expframe  # noqa: E402
 # Distribution tests run 1 to 8 replicas in this one process; TensorFlow lets a
 # process split its CPU only once, so do it first.
 expframe.split_cpu(8)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one test process per core, at most 4 (each holds TensorFlow and may start
+    a cluster of several more; EXPFRAME_TEST_WORKERS overrides)."""
+    if os.environ.get("EXPFRAME_TEST_WORKERS"):
+        return int(os.environ["EXPFRAME_TEST_WORKERS"])
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """`-m slow` (learning runs, benchmarks) runs in one process, one test at a time, as
+    those runs are timed alone; pass `-n N` explicitly after `-m slow` to override."""
+    if "slow" in (config.option.markexpr or "").replace("not slow", "") and not _explicit_workers(config):
+        config.option.numprocesses = 0
+        config.option.dist = "no"
+
+
+def _explicit_workers(config) -> bool:
+    args = config.invocation_params.args
+    return any(a == "-n" or (a.startswith("-n") and a[2:].strip().isdigit()) or a.startswith("--numprocesses")
+               for a in args)
 
 
 def pytest_collection_modifyitems(config, items):
