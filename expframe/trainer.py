@@ -130,7 +130,7 @@ class Trainer:
         configuration error found only while tracing (e.g. gradients of an unscaled
         loss under loss scaling) then leaves the model_dir untouched. The first host
         call reuses the trace."""
-        self.rep.trace_steps(self.task.train_step, self.train_iterator)
+        self.rep.trace_steps(self._train_step, self.train_iterator)
 
     def run_eval(self, out: "run_files.RunFiles", step: int) -> Dict[str, float]:
         """Evaluates now (see `Evaluator.run`)."""

@@ -13,6 +13,8 @@ SMALL = ("resnet.depth = 8", "shapes_input.num_train = 512", "shapes_input.num_t
          "Trainer.global_batch_size = 16", "Trainer.train_steps = 6", "Trainer.steps_per_loop = 2",
          "Trainer.log_every_steps = 2", "Trainer.eval_every_steps = None", "Trainer.eval_steps = 2",
          "Trainer.checkpoint_every_steps = 4")
+# For tests whose point is not the replicas: one replica traces the step in half the time.
+ONE_REPLICA = ("Replicator.num_replicas = 1",)
 
 
 def env(data_dir):

@@ -91,8 +91,8 @@ def test_sigkill_and_resume_equals_uninterrupted(data_dir, tmp_path):
 
 def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(data_dir, tmp_path):
     model_dir = tmp_path / "run"
-    params = mr.SMALL + ("Trainer.train_steps = 100000", "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
-                         "Trainer.checkpoint_every_steps = 100000")
+    params = mr.SMALL + mr.ONE_REPLICA + ("Trainer.train_steps = 100000", "Trainer.steps_per_loop = 1",
+                                          "Trainer.log_every_steps = 1", "Trainer.checkpoint_every_steps = 100000")
     proc = mr.start([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
     mr.wait_for_line(proc, "step 3/")
     proc.send_signal(signal.SIGTERM)
@@ -110,10 +110,10 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(data_dir, tmp_path):
 
 def test_nan_loss_exits_1_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     model_dir = tmp_path / "run"
-    params = mr.SMALL + ("ClassificationTask.optimizer = @keras.optimizers.SGD",
-                         "keras.optimizers.SGD.learning_rate = 1e30", "Trainer.train_steps = 50",
-                         "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
-                         "Trainer.checkpoint_every_steps = 1")
+    params = mr.SMALL + mr.ONE_REPLICA + (
+        "ClassificationTask.optimizer = @keras.optimizers.SGD", "keras.optimizers.SGD.learning_rate = 1e30",
+        "Trainer.train_steps = 50", "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
+        "Trainer.checkpoint_every_steps = 1")
     done = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
     assert done.returncode == 1, done.stdout + done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -186,7 +186,7 @@ def test_bad_inputs_exit_2_with_one_line_and_write_nothing(data_dir, tmp_path):
 
 def test_config_change_refused_on_resume_unless_allowed(data_dir, tmp_path):
     model_dir = tmp_path / "run"
-    params = mr.SMALL + ("Trainer.train_steps = 2",)
+    params = mr.SMALL + mr.ONE_REPLICA + ("Trainer.train_steps = 2",)
     assert mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"]).returncode == 0
     before = sorted(p.name for p in model_dir.iterdir())
     changed = mr.run([QUICKSTART], model_dir, data_dir, params + ("Trainer.train_steps = 4",), extra=["--mode=train"])

@@ -162,7 +162,7 @@ def test_imagenet128_runs_on_mock_data_with_the_standin_inception_graph(tmp_path
 
 
 @pytest.mark.parametrize("path", sorted(PODS))
-def test_pod_variant_differs_by_the_global_batch_and_runs(path, tmp_path, graph, monkeypatch):
+def test_pod_variant_differs_only_by_the_global_batch(path, monkeypatch):
     monkeypatch.chdir(mr.ROOT)
     config.parse([IMAGENET], [])
     base = gin.config_str()
@@ -171,9 +171,13 @@ def test_pod_variant_differs_by_the_global_batch_and_runs(path, tmp_path, graph,
     pod = gin.config_str().replace(f"Trainer.global_batch_size = {PODS[path]}", "Trainer.global_batch_size = 64")
     assert pod == base
     gin.clear_config()
-    # A train step through main.py (at 32 px: the 128 px networks ran above).
+
+
+def test_a_pod_variant_runs_a_train_step_through_main_py(tmp_path, graph):
+    # One of them: the test above shows the three parse to the same configuration
+    # but for the global batch, which the small bindings below replace anyway.
     model_dir = tmp_path / "run"
-    done = mr.run([path], model_dir, tmp_path / "tfds",
+    done = mr.run([min(PODS, key=PODS.get)], model_dir, tmp_path / "tfds",
                   IMAGENET_SMALL + (f"inception_network.graph_path = '{graph}'", "GANTask.image_size = 32",
                                     "imagenet_input.image_size = 32", "Trainer.train_steps = 1"),
                   extra=["--mode=train"], timeout=600)

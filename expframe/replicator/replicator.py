@@ -21,7 +21,12 @@ _AGREE_FNS = {"max": lambda v: collectives.all_reduce(v, "max"),
 
 def mean_over_steps(one_step: Callable[[], Any], num_steps) -> Any:
     """Inside a tf.function: calls `one_step()` `num_steps` (>= 1) times in a `tf.range`
-    loop and returns its outputs (a nest of tensors) averaged over the calls."""
+    loop and returns its outputs (a nest of tensors) averaged over the calls.
+
+    The first call (before the loop: the loop's variables need the outputs' structure)
+    and the loop's body call one nested tf.function, so the step is traced once, not
+    twice: tracing is most of a run's start-up."""
+    one_step = tf.function(one_step)
     totals = one_step()
     for _ in tf.range(num_steps - 1):
         totals = tf.nest.map_structure(tf.add, totals, one_step())
