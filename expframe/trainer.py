@@ -130,7 +130,7 @@ class Trainer:
         configuration error found only while tracing (e.g. gradients of an unscaled
         loss under loss scaling) then leaves the model_dir untouched. The first host
         call reuses the trace."""
-        self.rep.trace_steps(self._train_step, self.train_iterator)
+        self._contract_errors(self.rep.trace_steps, self._train_step, self.train_iterator)
 
     def run_eval(self, out: "run_files.RunFiles", step: int) -> Dict[str, float]:
         """Evaluates now (see `Evaluator.run`)."""
@@ -140,14 +140,19 @@ class Trainer:
         """One host call: `num_steps` optimizer updates, each of `accumulate_steps` calls of
         the task's train_step (micro-batches); returns their metrics averaged over them."""
         micro_batches = num_steps * self.accumulate_steps
+        metrics = self._contract_errors(self.rep.run_steps, self._train_step, self.train_iterator, micro_batches)
+        self.step.assign_add(num_steps)
+        return metrics
+
+    def _contract_errors(self, fn, *args):
+        """fn(*args); an error of the task's step contract, raised while tracing, becomes
+        its one-line ConfigError (others are re-raised as they came)."""
         try:
-            metrics = self.rep.run_steps(self._train_step, self.train_iterator, micro_batches)
+            return fn(*args)
         except Exception as e:  # noqa: BLE001  (re-raised: the contract's one line, or as it came)
             if contract_error(self.task, e) is e:
                 raise
             raise contract_error(self.task, e) from None
-        self.step.assign_add(num_steps)
-        return metrics
 
     def _train_step(self, batch) -> Dict[str, tf.Tensor]:
         """The task's train_step, its output checked against the contract while it is traced."""

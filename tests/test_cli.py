@@ -135,11 +135,13 @@ def test_sigint_during_start_up_stops_at_once_with_one_line(tmp_path, data_dir):
 
 def test_watchdog_ends_a_start_up_stuck_in_a_long_native_call(tmp_path):
     """The handler waits for the main thread to run Python; a long C call (here
-    hashlib's, which releases the GIL like TensorFlow's ops) is ended by the watchdog."""
+    hashlib's, which releases the GIL like TensorFlow's ops) is ended by the watchdog.
+    ('armed' is printed inside the try: a SIGINT that lands while print returns, as one
+    did under load, is then caught too.)"""
     script = tmp_path / "stuck.py"
     script.write_text(
         "import hashlib, sys\nfrom expframe import interrupts\ninterrupts.GRACE_S = 1.0\ninterrupts.arm()\n"
-        "print('armed', flush=True)\ntry:\n    hashlib.pbkdf2_hmac('sha256', b'x', b'y', 100_000_000)\n"
+        "try:\n    print('armed', flush=True)\n    hashlib.pbkdf2_hmac('sha256', b'x', b'y', 100_000_000)\n"
         "except interrupts.StartupInterrupt as e:\n    sys.exit(interrupts.report(e))\n")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=dict(os.environ, PYTHONPATH=mr.ROOT))
