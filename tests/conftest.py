@@ -43,9 +43,8 @@ def pytest_cmdline_main(config):
 
 
 def _explicit_workers(config) -> bool:
-    args = config.invocation_params.args
-    return any(a == "-n" or (a.startswith("-n") and a[2:].strip().isdigit()) or a.startswith("--numprocesses")
-               for a in args)
+    """Whether the command line itself (not pyproject's addopts) sets xdist's -n."""
+    return any(a.startswith(("-n", "--numprocesses")) for a in config.invocation_params.args)
 
 
 # The longest files (measured: minutes each on 2 cores), started first so that under
@@ -82,7 +81,6 @@ def pytest_collection_modifyitems(config, items):
 def data_dir(tmp_path_factory):
     """A TFDS data dir with a small `shapes` build (512 train / 64 test) for main.py runs."""
     path = tmp_path_factory.mktemp("tfds")
-    from expframe.data import shapes  # pylint: disable=import-outside-toplevel
-    for split in ("train", "test"):
-        shapes.load_shapes(split, size=32, data_dir=str(path), num_train=512, num_test=64)
+    from tests import main_runner  # pylint: disable=import-outside-toplevel
+    main_runner.build_shapes(path)
     return path

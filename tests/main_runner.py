@@ -17,6 +17,13 @@ SMALL = ("resnet.depth = 8", "shapes_input.num_train = 512", "shapes_input.num_t
 ONE_REPLICA = ("Replicator.num_replicas = 1",)
 
 
+def build_shapes(data_dir) -> None:
+    """The small shapes build (512 train / 64 test images of 32 px) that SMALL reads."""
+    from expframe.data import shapes  # pylint: disable=import-outside-toplevel
+    for split in ("train", "test"):
+        shapes.load_shapes(split, size=32, data_dir=str(data_dir), num_train=512, num_test=64)
+
+
 def env(data_dir):
     e = dict(os.environ, TFDS_DATA_DIR=str(data_dir), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     e.pop("TF_CONFIG", None)

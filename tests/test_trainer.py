@@ -129,9 +129,8 @@ def test_the_task_optimizers_must_accumulate_alike():
 class CountedSteps(Task):
     """One dense layer on constant data; counts the Python calls of train_step (traces)."""
 
-    traced = 0
-
     def build(self):
+        self.traced = 0
         self.layer = keras.layers.Dense(1)
         self.layer.build((None, 2))
         self.optimizer = xf.wrap_optimizer(keras.optimizers.SGD(0.1))
@@ -141,7 +140,7 @@ class CountedSteps(Task):
         return tf.data.Dataset.from_tensors({"x": tf.ones([2])}).repeat().batch(ctx.get_per_replica_batch_size(2))
 
     def train_step(self, batch):
-        CountedSteps.traced += 1
+        self.traced += 1
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(self.layer(batch["x"]) ** 2)
         self.optimizer.minimize(loss, self.layer.trainable_variables, tape)
@@ -156,10 +155,10 @@ def test_the_first_host_call_reuses_the_trace_made_before_writing():
     # calls after it must not trace it again (they did: a second full trace of every
     # run), and the host loop traces it once (it did twice: before the loop and in it).
     trainer = Trainer(train_steps=4, global_batch_size=2, steps_per_loop=2)
-    trainer.prepare(xf.Replicator("cpu", 1), CountedSteps(), seed=0, deterministic=False)
+    task = CountedSteps()
+    trainer.prepare(xf.Replicator("cpu", 1), task, seed=0, deterministic=False)
     trainer.trace()
-    traced = CountedSteps.traced
-    assert traced == 1  # once: the loop's first step and its body share one trace
+    assert task.traced == 1  # once: the loop's first step and its body share one trace
     first, second = trainer.run_train_steps(2), trainer.run_train_steps(2)
-    assert CountedSteps.traced == traced
+    assert task.traced == 1
     assert second["loss"] < first["loss"]

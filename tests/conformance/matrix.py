@@ -41,6 +41,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tests import main_runner as mr
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOC = os.path.join(ROOT, "docs", "conformance_matrix.md")
 REGENERATE = "python -m tests.conformance.matrix --write_docs"
@@ -417,13 +419,6 @@ def _compare(results: Dict[str, dict], slow: bool, combos: Optional[Sequence[Com
         result["agreement"] = agreement(end, ref_start, ref_end)
 
 
-def build_shapes(data_dir: str) -> None:
-    """The small shapes dataset the families read (512 train, 64 test images of 32 px)."""
-    from expframe.data import shapes  # pylint: disable=import-outside-toplevel
-    for split in ("train", "test"):
-        shapes.load_shapes(split, size=32, data_dir=data_dir, num_train=512, num_test=64)
-
-
 def run_target(target: str, families: Sequence[str] = ("classification", "sngan", "d4pg"),
                precisions: Sequence[str] = PRECISIONS) -> List[Dict[str, str]]:
     """The single-process families on one replica of `target` (e.g. 'gpu') at each
@@ -439,7 +434,7 @@ def run_target(target: str, families: Sequence[str] = ("classification", "sngan"
                                            "Replicator.mesh_shape = None")))
     work_dir = tempfile.mkdtemp(prefix="conformance_target_")
     os.environ["TFDS_DATA_DIR"] = data_dir = os.path.join(work_dir, "tfds")
-    build_shapes(data_dir)
+    mr.build_shapes(data_dir)
     combos = [Combination(f, name, p) for f in families for p in precisions]
     results = {}
     for combo in [reference(f) for f in families] + combos:
@@ -592,7 +587,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     data_dir = args.data_dir
     if data_dir is None:
         data_dir = os.path.join(work_dir, "tfds")
-        build_shapes(data_dir)
+        mr.build_shapes(data_dir)
     load = os.getloadavg()[0]
     results = run_matrix(data_dir, work_dir, slow=True)
     failures = [f"{c.key}: {why}" for c in combinations() for ok, why in [passes(c, results[c.key])] if not ok]
