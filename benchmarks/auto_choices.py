@@ -26,7 +26,6 @@ stdout and JSON in benchmarks/results/auto_choices.json.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -49,6 +48,7 @@ from expframe.models.resnet import resnet  # noqa: E402
 from expframe.replicator import autotune, probes  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
+from machine import write_result  # noqa: E402  (benchmarks/machine.py)
 
 RESULTS = os.path.join(_HERE, "results", "auto_choices.json")
 DEVICE = "/device:CPU:0"
@@ -170,10 +170,7 @@ def main(argv=None) -> int:
               "rows": rows, "load_average_1min": {"start": load_start, "end": load_end},
               "machine": provenance.machine(),
               "wall_s": round(time.time() - started, 1)}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -255,13 +255,11 @@ def main(argv=None):
                 subprocess.run(cmd + (["--quick"] if args.quick else []), check=True)
                 with open(out) as f:
                     runs.extend(json.load(f)["runs"])
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"benchmark": "collectives", "quick": args.quick, "cpu_count": os.cpu_count(),
-                   "platform": platform.platform(), "python": sys.version.split()[0],
-                   "goal": f"64 MB all-reduce on 2 CPU replicas <= {GOAL_RATIO}x one np copy",
-                   "runs": runs}, f, indent=1)
-    print(f"wrote {args.out}")
+    from machine import write_result  # pylint: disable=import-outside-toplevel  (benchmarks/machine.py)
+    write_result(args.out, {"benchmark": "collectives", "quick": args.quick, "cpu_count": os.cpu_count(),
+                            "platform": platform.platform(), "python": sys.version.split()[0],
+                            "goal": f"64 MB all-reduce on 2 CPU replicas <= {GOAL_RATIO}x one np copy",
+                            "runs": runs}, indent=1)
 
 
 if __name__ == "__main__":

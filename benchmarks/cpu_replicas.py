@@ -242,6 +242,7 @@ def main(argv=None) -> int:
         configs = [tuple(c.split(":")) for c in args.configs]
     sys.path.insert(0, ROOT)
     from expframe import provenance  # pylint: disable=import-outside-toplevel  (no TensorFlow)
+    from machine import write_result  # pylint: disable=import-outside-toplevel  (benchmarks/machine.py)
 
     load_before, started = os.getloadavg()[0], time.time()
     print(f"quickstart model, global batch {GLOBAL_BATCH}, {args.steps_per_call} steps per call, {args.calls} "
@@ -278,10 +279,7 @@ def main(argv=None) -> int:
               "load_average_1min": {"before": load_before, "after": load_after},
               "machine": provenance.machine(),
               "wall_s": round(time.time() - started, 1)}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
+from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,10 +123,7 @@ def main() -> None:
     l1, l2 = results["learner"][1], results["learner"][2]
     print(f"{'learner updates/s (replicas), batch 64':<40}{l1:>9.2f}{l2:>9.2f}{'':>9}{l2 / l1:>8.2f}")
     out = os.path.join(ROOT, "benchmarks", "results", f"d4pg_pixels_throughput{'_quick' if args.quick else ''}.json")
-    with open(out + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    os.replace(out + ".tmp", out)
-    print(f"wrote {out}")
+    write_result(out, results)
 
 
 if __name__ == "__main__":

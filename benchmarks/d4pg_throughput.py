@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
+from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,11 +123,7 @@ def main() -> None:
           f"{a2['weight_wait_fraction']:>12.3f}")
     out = args.out or os.path.join(ROOT, "benchmarks", "results",
                                    f"d4pg_throughput{'_quick' if args.quick or args.smoke else ''}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    os.replace(out + ".tmp", out)
-    print(f"wrote {out}")
+    write_result(out, results)
 
 
 if __name__ == "__main__":

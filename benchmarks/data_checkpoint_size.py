@@ -33,7 +33,6 @@ Results: a table on stdout and JSON in `benchmarks/results/data_checkpoint_size.
 
 import argparse
 import glob
-import json
 import os
 import sys
 import tempfile
@@ -50,7 +49,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from expframe.data import imagenet  # noqa: E402
-from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
+from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "data_checkpoint_size.json")
 IMAGENET_TRAIN_BYTES = 147_897_477_120  # ILSVRC2012_img_train.tar
@@ -154,11 +153,7 @@ def main():
     out = {"benchmark": "data_checkpoint_size", "cpu": cpu_name(), "config": config,
            "imagenet_mean_jpeg_bytes": round(IMAGENET_MEAN_JPEG), "rows": rows}
     name = args.out or (RESULTS.replace(".json", "_quick.json") if args.quick or args.smoke else RESULTS)
-    os.makedirs(os.path.dirname(os.path.abspath(name)), exist_ok=True)
-    with open(name + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=2)
-    os.replace(name + ".tmp", name)
-    print(f"wrote {name}")
+    write_result(name, out)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ import tensorflow as tf  # noqa: E402
 import d4pg_throughput  # noqa: E402  (benchmarks/d4pg_throughput.py)
 import resnet50_throughput as r50  # noqa: E402  (benchmarks/resnet50_throughput.py; splits the CPU in 2)
 from expframe.replicator import auto_settings, autotune, probes  # noqa: E402
+from machine import write_result  # noqa: E402  (benchmarks/machine.py)
 
 RESULTS = os.path.join(_HERE, "results", "gpu_check.json")
 DEFAULT_MATRIX = "tests.conformance.matrix:run_target"
@@ -238,7 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def emit(row):
         result["rows"].append(row)
         result["wall_s"] = round(time.time() - started, 1)
-        _write_json(args.out, result)
+        write_result(args.out, result, say=False, default=str)
         print("  " + " | ".join(_cell(row.get(k)) for k in ("section", "configuration", *RUNNERS, "note")),
               flush=True)
 
@@ -256,7 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["load_average_1min"]["end"] = os.getloadavg()[0]
     result["wall_s"] = round(time.time() - started, 1)
     result["markdown"] = markdown(result["rows"])
-    _write_json(args.out, result)
+    write_result(args.out, result, say=False, default=str)
     print()
     print(result["markdown"])
     print(f"\n{result['device']}; load average {result['load_average_1min']['start']:.2f} at start, "
@@ -265,13 +266,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.markdown, "w", encoding="utf-8") as f:
             f.write(result["markdown"] + "\n")
     return 0
-
-
-def _write_json(path: str, result: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2, default=str)
-    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ with `--out`.
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,7 +34,7 @@ import tensorflow as tf  # noqa: E402
 from expframe.models.vit import ViT  # noqa: E402
 from expframe.replicator import mesh  # noqa: E402
 from expframe.replicator.mesh_optimizer import MeshAdam  # noqa: E402
-from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
+from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 MESHES = ((4, 1), (2, 2), (1, 4))
 WIDTHS = (64, 256)
@@ -100,11 +99,8 @@ def main() -> None:
                   f"{r['slot_bytes'] / 1024:>10.1f} KB {r['examples_per_s']:>11.1f} "
                   f"{r['examples_per_s'] / base:>6.2f}x", flush=True)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump({"benchmark": "model_parallel", "cpu": cpu_name(), "cores": os.cpu_count(), "batch": BATCH,
-                       "steps": steps, "rows": rows}, f, indent=2)
-        print(f"wrote {args.out}")
+        write_result(args.out, {"benchmark": "model_parallel", "cpu": cpu_name(), "cores": os.cpu_count(),
+                                "batch": BATCH, "steps": steps, "rows": rows})
 
 
 if __name__ == "__main__":

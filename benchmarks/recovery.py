@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 
-from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
+from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,11 +217,7 @@ def main():
     result["load_average_at_end"] = round(os.getloadavg()[0], 2)
     result["wall_time_s"] = round(time.monotonic() - started, 1)
     print(f"load average at the end {result['load_average_at_end']}; {result['wall_time_s']:.0f} s in all")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    print(f"wrote {out}")
+    write_result(out, result)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ Results: a table on stdout and JSON in `benchmarks/results/resnet50_throughput.j
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -71,7 +70,7 @@ from expframe.models.resnet import resnet  # noqa: E402
 from expframe.replicator import auto_settings, autotune  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
-from machine import cpu_name  # noqa: E402  (benchmarks/machine.py)
+from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 FORWARD_GMAC_224 = 4.1  # ResNet-50 forward pass at 224x224: G multiply-adds per image
 FLOPS_PER_MAC = 2       # one multiply + one add, as MLPerf and the matmul peak count them
@@ -337,7 +336,7 @@ def main():
                           "auto_precision": auto_report(auto, rows),
                           "load_average_1min": {"start": load_start, "end": os.getloadavg()[0]},
                           "wall_s": time.perf_counter() - started, "results": rows}
-                _write_json(args.out, result)
+                write_result(args.out, result, say=False)
     for line in auto_report(auto, rows)["lines"]:
         print(line)
     print(f"1-minute load average {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end "
@@ -368,14 +367,6 @@ def auto_report(auto, rows) -> dict:
                 f"  ResNet-50 {size}x{size}, {n} replica(s): mixed_bfloat16 {ratio:.2f}x float32 (expframe); "
                 f"'auto' {'picked' if faster == auto.value else 'did NOT pick'} the faster ({faster})")
     return report
-
-
-def _write_json(path: str, result: dict) -> None:
-    """Atomically: a reader never sees half a file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    os.replace(path + ".tmp", path)
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,6 @@ Results: a table on stdout and JSON in `benchmarks/results/runner_overhead.json`
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -45,6 +44,7 @@ import handwritten  # noqa: E402  (benchmarks/handwritten.py)
 from expframe.models.resnet import resnet  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
+from machine import write_result  # noqa: E402  (benchmarks/machine.py)
 
 GOAL = 0.97
 NUM_CLASSES, IMAGE_SHAPE = 10, (32, 32, 3)
@@ -159,10 +159,7 @@ def main():
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
               "results": rows,
               "meets_goal": all(r["median_paired_ratio"] >= GOAL for r in rows)}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

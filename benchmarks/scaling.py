@@ -229,11 +229,8 @@ def main(argv=None) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "wall_time_s": round(time.time() - started, 1),
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    print(f"wrote {args.out}")
+    from machine import write_result  # pylint: disable=import-outside-toplevel  (benchmarks/machine.py)
+    write_result(args.out, result)
     return 0
 
 

@@ -21,7 +21,6 @@ standard deviation over the seeds per step and passes), JSON in
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -110,9 +109,8 @@ def main() -> None:
         for g in result["over_seeds"]:
             print(f"| {g['step']} | {g['passes']} | " + " | ".join(f"{g[m][0]:.4f} +- {g[m][1]:.4f}" for m in names)
                   + " |")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
+    from machine import write_result  # pylint: disable=import-outside-toplevel  (benchmarks/machine.py)
+    write_result(args.out, result, indent=1, say=False)
     print(f"load average {' '.join(load_start)} at the start, {' '.join(load)} at the end; wrote {args.out}")
 
 

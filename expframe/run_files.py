@@ -15,17 +15,10 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
+from expframe.atomic_files import write_text as atomic_write
 from expframe.errors import RunError
 
 PROVENANCE = "provenance"  # the split of metrics.jsonl's provenance records
-
-
-def atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_" + os.path.basename(path))
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 class RunFiles:

@@ -31,6 +31,7 @@ import gin
 import keras
 import tensorflow as tf
 
+from expframe.atomic_files import write_text
 from expframe.errors import ConfigError
 from expframe.metrics.feature_networks import FeatureNetwork
 
@@ -145,7 +146,7 @@ class ShapesClassifier(FeatureNetwork):
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp_", suffix=".weights.h5")
             os.close(fd)
             model.save_weights(tmp, overwrite=True)
-            _atomic_text(os.path.join(self.directory, "info.json"),
+            write_text(os.path.join(self.directory, "info.json"),
                          json.dumps(dict(self.settings, test_accuracy=accuracy), indent=2) + "\n")
             os.replace(tmp, self.weights_path)
             log(f"expframe: shapes classifier test accuracy {accuracy:.4f}, cached in {self.directory}")
@@ -167,13 +168,6 @@ class ShapesClassifier(FeatureNetwork):
     def __call__(self, images):
         features, logits = self.model(tf.cast(images, tf.float32), training=False)
         return tf.cast(features, tf.float32), tf.cast(logits, tf.float32)
-
-
-def _atomic_text(path, text):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp_")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 @gin.configurable

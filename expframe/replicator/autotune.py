@@ -30,8 +30,9 @@ again.
 import datetime
 import json
 import os
-import tempfile
 from typing import Callable, Dict, NamedTuple, Optional, Sequence
+
+from expframe.atomic_files import write_json
 
 CACHE_ENV = "EXPFRAME_CACHE_DIR"
 REMEASURE_ENV = "EXPFRAME_REMEASURE"
@@ -87,11 +88,7 @@ def _valid(entry, candidates: Sequence[str]) -> bool:
 def _save(path: str, entries: dict) -> Optional[str]:
     """Writes the cache atomically; returns why it could not (or None)."""
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp_" + CACHE_FILE)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(entries, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_json(path, entries, indent=1, make_dirs=True, sort_keys=True)
     except OSError as e:
         return f"{type(e).__name__}: {e}"
     return None

@@ -16,10 +16,11 @@ or written but the JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Optional, Sequence
+
+from expframe.atomic_files import write_json
 
 
 def _bound(name: str, default):
@@ -74,10 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return ConfigError.exit_code
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(metrics, f, indent=2)
-    os.replace(args.out + ".tmp", args.out)
+    write_json(args.out, metrics, make_dirs=True)
     print("at initialisation: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())), flush=True)
     return 0
 

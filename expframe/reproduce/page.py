@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 from matplotlib.figure import Figure  # Agg; no pyplot, no display
 
 from expframe import plot
+from expframe.atomic_files import write_text
 from expframe.errors import ConfigError
 from expframe.reproduce import registry, running
 
@@ -314,9 +315,5 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
         else:
             lines += _benchmark(result, rec)
     path = os.path.join(out_dir, PAGE)
-    os.makedirs(out_dir, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines).rstrip() + "\n")
-    os.replace(tmp, path)
+    write_text(path, "\n".join(lines).rstrip() + "\n", make_dirs=True)
     return path

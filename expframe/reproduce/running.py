@@ -24,6 +24,7 @@ import time
 from typing import Optional
 
 from expframe import provenance
+from expframe.atomic_files import write_json
 from expframe.reproduce import registry
 from expframe.sweep import naming, runner, spec, summary
 
@@ -65,15 +66,6 @@ def read_record(work: str, name: str) -> Optional[dict]:
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def _write_json(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 # -- the machine while a result runs --------------------------------------------------------------
@@ -303,7 +295,7 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
     rec["signature"] = signature(result, quick)
     rec["load_average_end"] = settle(settle_s)
     rec["finished"] = provenance.now()
-    _write_json(record_path(work, result.name), rec)
+    write_json(record_path(work, result.name), rec, make_dirs=True)
     state = "done" if rec["complete"] else "INCOMPLETE (a run failed; rerun to retry it)"
     say(f"{result.name}: {state} in {rec['wall_s'] / 60:.1f} min; load average at the end "
         f"{', '.join(f'{x:.2f}' for x in rec['load_average_end'])}; other processes used "

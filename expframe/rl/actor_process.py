@@ -20,13 +20,14 @@ be reached (the learner is gone) or its parent process has died.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 from typing import Dict, List, Optional
 
 import numpy as np
+
+from expframe.atomic_files import write_json
 
 
 class TransitionBuffer:
@@ -139,9 +140,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"({type(error).__name__}); stopping", file=sys.stderr)
         code = 1
     if args.stats_file and runner is not None:
-        with open(args.stats_file + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(runner.stats(), f)
-        os.replace(args.stats_file + ".tmp", args.stats_file)
+        write_json(args.stats_file, runner.stats(), indent=None)
     return code
 
 

@@ -14,13 +14,13 @@ starts (one line on stderr naming the binding; nothing written).
 """
 
 import argparse
-import json
 import os
 import shlex
 import sys
 from typing import Optional, Sequence
 
 from expframe import gin_paths
+from expframe.atomic_files import write_json
 from expframe.errors import ConfigError
 from expframe.sweep import plots, runner, slurm, spec, summary
 
@@ -71,11 +71,7 @@ def _write_study_json(study: spec.Study, root: str) -> None:
             "axes": [{"bindings": list(a.bindings), "values": [list(v) for v in a.values], "origin": a.origin}
                      for a in study.axes],
             "runs": [{"name": r.name, "bindings": dict(r.values)} for r in study.runs()]}
-    tmp = os.path.join(root, ".study.json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, os.path.join(root, "study.json"))
+    write_json(os.path.join(root, "study.json"), data)
 
 
 def _report(study: spec.Study, root: str, command: str, config_texts: dict) -> int:

@@ -32,6 +32,7 @@ import threading
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
+from expframe.atomic_files import write_json
 from expframe.sweep.spec import Run, Study
 
 # The clone's main.py; an installed package (no clone) runs `python -m expframe`, the same program.
@@ -139,14 +140,6 @@ def read_record(root: str, name: str) -> dict:
         return {"name": name, "attempts": []}
 
 
-def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -220,7 +213,7 @@ class _Attempt:
             attempt["stopped_by"] = _signal_name(self.stopped_by)
         record = read_record(self.root, self.run.name)
         record["attempts"].append(attempt)
-        _write_json(os.path.join(self.root, LOGS, f"{self.run.name}.json"), record)
+        write_json(os.path.join(self.root, LOGS, f"{self.run.name}.json"), record)
         return attempt
 
 

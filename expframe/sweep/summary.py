@@ -23,11 +23,13 @@ the study's own record of each attempt (`logs/<name>.json`):
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import statistics
 from typing import Mapping, Optional, Sequence
 
+from expframe.atomic_files import write_text
 from expframe.sweep.runner import LOGS, is_stale, read_record
 from expframe.sweep.spec import Study
 
@@ -195,16 +197,11 @@ def write_summary(study: Study, root: str, command: str = "",
     """Writes `<root>/summary.csv` and `<root>/summary.md` (`collect`'s rows); returns the rows."""
     rows = collect(study, root, config_texts)
     cols = columns(rows, study)
-    os.makedirs(root, exist_ok=True)
-    tmp = os.path.join(root, f".{CSV}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in cols})
-    os.replace(tmp, os.path.join(root, CSV))
-    tmp = os.path.join(root, f".{MARKDOWN}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(markdown(rows, cols, study.name, command))
-    os.replace(tmp, os.path.join(root, MARKDOWN))
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=cols, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in cols})
+    write_text(os.path.join(root, CSV), table.getvalue(), make_dirs=True)
+    write_text(os.path.join(root, MARKDOWN), markdown(rows, cols, study.name, command))
     return rows
