@@ -224,7 +224,7 @@ D4PG_ACTORS = Experiment(
 
 D4PG_PIXELS = Experiment(
     name="d4pg_control_pixels",
-    title="D4PG from pixels on cartpole/swingup (64x64 frames, 1 replica, 10,000 learner steps)",
+    title="D4PG from pixels on cartpole/swingup (64x64 frames, 2 replicas, 1 actor process, 20,000 learner steps)",
     gin_files=("experiments/d4pg_control_pixels.gin",), metrics=("episode_return",),
     # The random policy's return (and the zero action's) on the same task: the baseline,
     # measured over 10 episodes by `expframe.reproduce.baseline` (D4PGTask.baseline_metrics).
