@@ -84,7 +84,9 @@ class Experiment:
       seeds: one run per seed (`run_experiment.seed`).
       quick_params: bindings that shrink it to seconds for `--set=quick`.
       test: the slow test that asserts the thresholds.
-      minutes: expected wall time on 2 idle cores (progress lines only).
+      minutes: expected wall time on 2 idle cores (progress lines only): for the learning
+        set, measured on the slowest 2-core machine seen (AMD EPYC without AVX-512,
+        2026-12-01, docs/results.md); the machine of 2026-11-30 ran SN-GAN shapes in a fifth.
       readme: the README section that quotes it.
     """
 
@@ -203,13 +205,13 @@ SNGAN_SHAPES = Experiment(
         "shapes_classifier.batch_size = 32", "sngan_generator.ch = 2", "sngan_generator.z_dim = 8",
         "sngan_discriminator.ch = 1", "GANTask.num_eval_samples = 16", "GANTask.inception_splits = 2",
         "GANTask.grid_columns = 3", "GANTask.ema_start_step = 0", "Trainer.global_batch_size = 8"),
-    test="tests/test_sngan_experiments.py", minutes=14, readme="README.md#sn-gan-the-papers-second-benchmark")
+    test="tests/test_sngan_experiments.py", minutes=66, readme="README.md#sn-gan-the-papers-second-benchmark")
 
 D4PG_CONTROL = Experiment(
     name="d4pg_control", title="D4PG on cartpole/balance, acting in the learner's process (10,000 learner steps)",
     gin_files=("experiments/d4pg_control.gin",), metrics=("episode_return",),
     thresholds=(Threshold("episode_return", ">=", 800.0),), quick_params=_D4PG_TINY,
-    test="tests/test_d4pg_experiments.py", minutes=2,
+    test="tests/test_d4pg_experiments.py", minutes=6,
     readme="README.md#d4pg-on-the-control-suite-the-papers-third-benchmark")
 
 D4PG_ACTORS = Experiment(
@@ -220,11 +222,11 @@ D4PG_ACTORS = Experiment(
     thresholds=(Threshold("episode_return", ">=", 800.0),),
     quick_params=_D4PG_TINY + ("D4PGTask.num_actors = 1", "D4PGTask.actor_sigmas = (0.3,)",
                                "D4PGTask.weights_every = 10"),
-    test="tests/test_d4pg_experiments.py", minutes=2, readme="README.md#distributed-acting-actor-processes-over-rpc")
+    test="tests/test_d4pg_experiments.py", minutes=5, readme="README.md#distributed-acting-actor-processes-over-rpc")
 
 D4PG_PIXELS = Experiment(
     name="d4pg_control_pixels",
-    title="D4PG from pixels on cartpole/swingup (64x64 frames, 2 replicas, 1 actor process, 20,000 learner steps)",
+    title="D4PG from pixels on cartpole/swingup (64x64 frames, 1 replica, 20,000 learner steps)",
     gin_files=("experiments/d4pg_control_pixels.gin",), metrics=("episode_return",),
     # The random policy's return (and the zero action's) on the same task: the baseline,
     # measured over 10 episodes by `expframe.reproduce.baseline` (D4PGTask.baseline_metrics).
@@ -234,7 +236,7 @@ D4PG_PIXELS = Experiment(
         "control_suite.size = 16", "control_suite.frame_stack = 2", "drq_encoder.num_filters = 4",
         "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "D4PGTask.min_replay_size = 40",
         "D4PGTask.max_replay_size = 2000", "control_suite.action_repeat = 25"),
-    test="tests/test_d4pg_pixels_experiments.py", minutes=45, readme="README.md#d4pg-from-pixels")
+    test="tests/test_d4pg_pixels_experiments.py", minutes=80, readme="README.md#d4pg-from-pixels")
 
 VIT_MESH = Experiment(
     name="vit_shapes_mesh", title="ViT on a batch 2 x model 2 DTensor mesh of CPU devices, shapes",
@@ -242,7 +244,7 @@ VIT_MESH = Experiment(
     thresholds=(Threshold("top1", ">=", 0.90),),
     quick_params=_SHAPES_TINY + ("ViT.depth = 1", "ViT.width = 16", "ViT.mlp_dim = 32",
                                  "Trainer.global_batch_size = 8", "Trainer.eval_steps = 1"),
-    test="tests/test_vit_mesh_experiments.py", minutes=6, readme="README.md#model-parallelism-dtensor-mesh")
+    test="tests/test_vit_mesh_experiments.py", minutes=9, readme="README.md#model-parallelism-dtensor-mesh")
 
 LEARNING = (QUICKSTART, SNGAN_SHAPES, D4PG_CONTROL, D4PG_ACTORS, D4PG_PIXELS, VIT_MESH)
 
@@ -370,6 +372,7 @@ SNGAN_BATCH = StudyResult(
     arms=(("fixed rate", _fixed_rate), ("rate x sqrt(batch / 64)", _sqrt_scaled_rate)),
     quick_params=tuple(p for p in SNGAN_SHAPES.quick_params if not p.startswith("Trainer.global_batch_size")),
     quick_zips=("Trainer.global_batch_size=[4, 8]", "LR=[1e-3, 1e-3]"), quick_sweeps=("run_experiment.seed=[0]",),
+    # 70 minutes on the machine of 2026-11-30, which sized the study; about 5x that on the slowest seen.
     parallel=2, minutes=70, readme="README.md#studies")
 
 QUICKSTART_BATCH = StudyResult(
