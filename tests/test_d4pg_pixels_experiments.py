@@ -80,8 +80,8 @@ def test_no_working_renderer_exits_2_with_one_line_and_writes_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_d4pg_learns_cartpole_swingup_from_pixels(tmp_path):
-    """As shipped, on 2 cores: the final eval return >= the random policy's + 200 within 45
-    minutes (`expframe.reproduce.registry.D4PG_PIXELS`, docs/results.md), the random and
+    """As shipped, on 2 cores: the final eval return >= the random policy's + 200 (about 80
+    minutes: `expframe.reproduce.registry.D4PG_PIXELS`, docs/results.md), the random and
     zero-action returns measured here (10 episodes, `D4PGTask.baseline_metrics`). Writes
     the curve and a strip of the frames the agent saw to docs/images/ when
     EXPFRAME_WRITE_IMAGES=1."""
