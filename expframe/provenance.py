@@ -34,8 +34,10 @@ def _git(args: list[str], cwd: str) -> Optional[str]:
 
 
 def commit(root: str = _PACKAGE_ROOT) -> tuple[str, bool]:
-    """(commit hash, whether tracked files differ from it) of the checkout that holds
-    the running expframe package; (`NOT_A_CHECKOUT`, False) when that directory is not
+    """(commit hash, whether tracked files outside `docs/` differ from it) of the checkout
+    that holds the running expframe package (docs change no result, and
+    `python -m expframe.reproduce` writes its page there while it runs);
+    (`NOT_A_CHECKOUT`, False) when that directory is not
     the top of a git work tree (an installed package, e.g. in a virtual environment
     that happens to sit inside some other checkout, is not)."""
     top = _git(["rev-parse", "--show-toplevel"], root)
@@ -44,7 +46,7 @@ def commit(root: str = _PACKAGE_ROOT) -> tuple[str, bool]:
     sha = _git(["rev-parse", "HEAD"], root)
     if not sha:
         return NOT_A_CHECKOUT, False
-    status = _git(["status", "--porcelain", "--untracked-files=no"], root)
+    status = _git(["status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"], root)
     return sha, bool(status)
 
 

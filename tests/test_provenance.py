@@ -23,7 +23,7 @@ def _git(*args):
 def test_record_names_the_commit_versions_machine_and_load():
     record = provenance.record()
     assert record["commit"] == _git("rev-parse", "HEAD")
-    assert record["dirty"] == bool(_git("status", "--porcelain", "--untracked-files=no"))
+    assert record["dirty"] == bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"))
     import keras  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -39,6 +39,25 @@ def test_record_names_the_commit_versions_machine_and_load():
     assert len(record["load_average"]) == 3 and all(x >= 0 for x in record["load_average"])
     end = provenance.finished(record)
     assert end["commit"] == record["commit"] and len(end["load_average_end"]) == 3 and end["finished"]
+
+
+def test_a_change_under_docs_does_not_make_the_checkout_dirty_a_code_change_does(tmp_path):
+    """`python -m expframe.reproduce` rewrites docs/results.md while it runs: a later result
+    from the same code must not read as made from uncommitted changes."""
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("old\n")
+    (tmp_path / "main.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "start")
+    assert provenance.commit(str(tmp_path))[1] is False
+    (tmp_path / "docs" / "results.md").write_text("new page\n")
+    assert provenance.commit(str(tmp_path))[1] is False
+    (tmp_path / "main.py").write_text("x = 2\n")
+    assert provenance.commit(str(tmp_path))[1] is True
 
 
 def test_a_directory_that_is_not_the_top_of_a_checkout_is_not_a_git_checkout(tmp_path):
