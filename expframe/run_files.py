@@ -15,6 +15,7 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
+from expframe.atomic_files import write_json
 from expframe.atomic_files import write_text as atomic_write
 from expframe.errors import RunError
 
@@ -114,7 +115,7 @@ class RunFiles:
 
     def write_result(self, result: Dict) -> None:
         if self.is_chief:
-            atomic_write(os.path.join(self.model_dir, "result.json"), json.dumps(result, indent=2) + "\n")
+            write_json(os.path.join(self.model_dir, "result.json"), result)
 
     def close(self) -> None:
         for writer in self._writers.values():

@@ -150,9 +150,10 @@ class Trainer:
         try:
             return fn(*args)
         except Exception as e:  # noqa: BLE001  (re-raised: the contract's one line, or as it came)
-            if contract_error(self.task, e) is e:
+            error = contract_error(self.task, e)
+            if error is e:
                 raise
-            raise contract_error(self.task, e) from None
+            raise error from None
 
     def _train_step(self, batch) -> Dict[str, tf.Tensor]:
         """The task's train_step, its output checked against the contract while it is traced."""

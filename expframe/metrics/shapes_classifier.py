@@ -31,7 +31,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe.atomic_files import write_text
+from expframe.atomic_files import write_json
 from expframe.errors import ConfigError
 from expframe.metrics.feature_networks import FeatureNetwork
 
@@ -146,8 +146,7 @@ class ShapesClassifier(FeatureNetwork):
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp_", suffix=".weights.h5")
             os.close(fd)
             model.save_weights(tmp, overwrite=True)
-            write_text(os.path.join(self.directory, "info.json"),
-                         json.dumps(dict(self.settings, test_accuracy=accuracy), indent=2) + "\n")
+            write_json(os.path.join(self.directory, "info.json"), dict(self.settings, test_accuracy=accuracy))
             os.replace(tmp, self.weights_path)
             log(f"expframe: shapes classifier test accuracy {accuracy:.4f}, cached in {self.directory}")
         model = build_classifier(self.image_size, self.num_classes, self.settings["seed"])
