@@ -133,11 +133,25 @@ def test_sigint_during_start_up_stops_at_once_with_one_line(tmp_path, data_dir):
         assert not (tmp_path / name / "checkpoints").exists(), name
 
 
+def _wait_for_cpu_seconds(pid, seconds, limit_s=60.0):
+    """Waits until the process has used `seconds` more CPU (/proc/<pid>/stat's utime + stime)."""
+    def used():
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    start, deadline = used(), time.time() + limit_s
+    while used() - start < seconds:
+        assert time.time() < deadline, f"process {pid} used under {seconds} s of CPU in {limit_s:.0f} s"
+        time.sleep(0.02)
+
+
 def test_watchdog_ends_a_start_up_stuck_in_a_long_native_call(tmp_path):
     """The handler waits for the main thread to run Python; a long C call (here
     hashlib's, which releases the GIL like TensorFlow's ops) is ended by the watchdog.
     ('armed' is printed inside the try: a SIGINT that lands while print returns, as one
-    did under load, is then caught too.)"""
+    did under load, is then caught too. The signal is sent once the child has used 0.3 s
+    of CPU after 'armed', so inside the C call: one sent at once landed in CI before the
+    call began, and the handler ran at once, without the watchdog.)"""
     script = tmp_path / "stuck.py"
     script.write_text(
         "import hashlib, sys\nfrom expframe import interrupts\ninterrupts.GRACE_S = 1.0\ninterrupts.arm()\n"
@@ -146,6 +160,7 @@ def test_watchdog_ends_a_start_up_stuck_in_a_long_native_call(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=dict(os.environ, PYTHONPATH=mr.ROOT))
     assert proc.stdout.readline() == "armed\n"
+    _wait_for_cpu_seconds(proc.pid, 0.3)  # inside the C call: no Python left to run between them
     proc.send_signal(signal.SIGINT)
     code, out = _finish(proc, timeout=60)
     assert code == 130 and "stopped by SIGINT during start-up" in out and "(forced after 1 s)" in out, out
