@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from PIL import Image
@@ -185,6 +186,55 @@ def test_page_states_each_result_with_its_provenance_and_the_pending_ones(tmp_pa
     # Quick records are not mixed into a full page, nor full ones into a quick page.
     quick_path = page.write(work, str(tmp_path / "quick"), True, registry.ALL, commands, [])
     assert "Pending: not run yet." in _sections(open(quick_path, encoding="utf-8").read())["quickstart"]
+
+
+def test_a_study_stopped_and_resumed_is_recorded_over_its_sittings(tmp_path, monkeypatch):
+    """A study longer than one sitting: each stopped invocation keeps its sitting (times,
+    load, machine), the page shows the result pending with them, and the record that
+    completes it holds every sitting, its wall time their sum, quiet only if each was."""
+    work, out = str(tmp_path / "work"), str(tmp_path / "docs")
+    result = registry.SNGAN_BATCH
+    monkeypatch.setattr(running, "signature", lambda result, quick: "sig-a")
+    load = [0.5, 0.4, 0.3]
+    monkeypatch.setattr(running.provenance, "load_average", lambda: list(load))
+
+    def stopped(*args):
+        time.sleep(0.2)
+        load[0] = 1.2
+        raise running.Stopped("sngan_batch stopped; rerun the same command to resume it")
+    monkeypatch.setattr(running, "_run_parts", stopped)
+    with pytest.raises(running.Stopped):
+        running.run(result, work, False, "python -m expframe.reproduce --set=studies")
+    first = running.read_sittings(work, result.name)
+    assert [(s["ended"], s["load_average_start"][0], s["load_average_end"][0]) for s in first] == [
+        ("stopped", 0.5, 1.2)] and first[0]["wall_s"] >= 0.2
+    assert running.read_sittings(work, result.name, "sig-b") == []  # another configuration starts over
+    commands = {r.name: f"python -m expframe.reproduce --set={registry.set_of(r)} --only={r.name}"
+                for r in registry.ALL}
+    text = open(page.write(work, out, False, registry.ALL, commands, []), encoding="utf-8").read()
+    assert "| [sngan_batch](#sngan_batch) | pending (started: 1 sitting so far, 0.0 min, the last ended " in text
+    assert "Pending: started: 1 sitting so far, 0.0 min" in _sections(text)["sngan_batch"]
+
+    def completes(*args):
+        time.sleep(0.3)
+        load[0] = 1.5
+        return dict(_provenance("sngan_batch", False), kind="study", commands=["python main.py ..."],
+                    runs=[_study_run(16, 0.001, 0, 9.0, 0.3)], complete=True)
+    monkeypatch.setattr(running, "_run_parts", completes)
+    load[0] = 2.5
+    rec = running.run(result, work, False, "python -m expframe.reproduce --set=studies")
+    assert [s["ended"] for s in rec["sittings"]] == ["stopped", "complete"]
+    assert rec["wall_s"] == round(sum(s["wall_s"] for s in rec["sittings"]), 1) and rec["sittings"][1]["wall_s"] >= 0.3
+    assert (rec["started"], rec["load_average_start"][0], rec["load_average_end"][0]) == (first[0]["started"], 0.5,
+                                                                                         1.5)
+    assert not os.path.exists(running.sittings_path(work, result.name))
+    section = _sections(open(page.write(work, out, False, registry.ALL, commands, []), encoding="utf-8").read())[
+        "sngan_batch"]
+    assert ", in 2 sittings (" in section
+    assert re.search(r"  1\. \S+ to \S+, 0\.0 min, stopped; load average 0\.50 at the start, 1\.20 at the end", section)
+    assert re.search(r"  2\. \S+ to \S+, 0\.0 min, complete; load average 2\.50 at the start, 1\.50 at the end",
+                     section)
+    assert page._quiet(rec) == "**no**"  # pylint: disable=protected-access  # the second began at 2.5
 
 
 # -- --set=quick end to end -------------------------------------------------------------------------

@@ -51,22 +51,35 @@ def _commit(rec: dict) -> str:
 
 
 def _quiet(rec: dict) -> str:
-    start, end = rec["load_average_start"], rec["load_average_end"]
-    if not start or not end:
+    """Whether the load average was under 2 at the start and the end (of every sitting)."""
+    loads = [(s["load_average_start"], s["load_average_end"]) for s in rec.get("sittings", [rec])]
+    if any(not start or not end for start, end in loads):
         return "unknown"
-    return "yes" if start[0] < 2 and end[0] < 2 else "**no**"
+    return "yes" if all(start[0] < 2 and end[0] < 2 for start, end in loads) else "**no**"
+
+
+def _sitting_line(i: int, s: dict) -> str:
+    m = s["machine"]
+    return (f"  {i}. {s['started']} to {s['finished']}, {s['wall_s'] / 60:.1f} min, {s['ended']}; load average "
+            f"{_load(s['load_average_start'][:1])} at the start, {_load(s['load_average_end'][:1])} at the end; "
+            f"{_commit(s)}; {m['cpu']}, {m['cores']} cores")
 
 
 def _provenance_lines(rec: dict) -> list[str]:
     other = rec.get("other_cores")
-    return [f"- Commit: {_commit(rec)}",
+    lines = [f"- Commit: {_commit(rec)}",
             f"- Machine: {_machine(rec)}",
             f"- Load average (1 / 5 / 15 min): {_load(rec['load_average_start'])} at the start, "
             f"{_load(rec['load_average_end'])} at the end; other processes used "
             f"{'unknown' if other is None else f'{other:.2f}'} cores on average while it ran",
             f"- Wall time: {rec['wall_s'] / 60:.1f} min ({rec['wall_s']:,.0f} s), "
-            f"{rec['started']} to {rec['finished']}",
-            f"- Reproduce: `{rec['reproduce']}`"]
+            f"{rec['started']} to {rec['finished']}"]
+    sittings = rec.get("sittings", [])
+    if len(sittings) > 1:  # the commit and machine above are the last sitting's
+        lines[-1] += f", in {len(sittings)} sittings (each resumed where the one before stopped; the wall time is " \
+                     "their sum, the commit and machine above the last one's):"
+        lines += [_sitting_line(i, s) for i, s in enumerate(sittings, 1)]
+    return lines + [f"- Reproduce: `{rec['reproduce']}`"]
 
 
 # -- experiments --------------------------------------------------------------------------------
@@ -247,9 +260,18 @@ def _benchmark(result: registry.Benchmark, rec: dict) -> list[str]:
 
 # -- the page -----------------------------------------------------------------------------------
 
-def _summary_row(result, rec: Optional[dict], command: str) -> str:
+def _so_far(sittings: list[dict]) -> str:
+    """`started: 2 sittings so far, 150.2 min` for a result stopped part-way, else ''."""
+    if not sittings:
+        return ""
+    return (f"started: {len(sittings)} sitting{'s' if len(sittings) > 1 else ''} so far, "
+            f"{sum(s['wall_s'] for s in sittings) / 60:.1f} min, the last ended {sittings[-1]['finished']}")
+
+
+def _summary_row(result, rec: Optional[dict], command: str, sittings: Sequence[dict] = ()) -> str:
     if rec is None:
-        return f"| [{result.name}](#{result.name}) | pending: `{command}` | | | | | |"
+        so_far = f" ({_so_far(list(sittings))}; the command continues it)" if sittings else ""
+        return f"| [{result.name}](#{result.name}) | pending{so_far}: `{command}` | | | | | |"
     if result.kind == "experiment":
         number = _headline(result, rec)
         threshold = "; ".join(t.text() for t in result.thresholds)
@@ -296,7 +318,8 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
     lines += list(set_lines) + ["", "## Summary", "",
                                 "| result | number | threshold (slow test) | passed | date | load at start / end "
                                 "(quiet: < 2) | wall time |", "|---|---|---|---|---|---|---|"]
-    lines += [_summary_row(r, records.get(r.name), commands[r.name]) for r in results]
+    sittings = {r.name: running.read_sittings(work, r.name) for r in results}
+    lines += [_summary_row(r, records.get(r.name), commands[r.name], sittings[r.name]) for r in results]
     for result in results:
         rec = records.get(result.name)
         lines += ["", f'<a id="{result.name}"></a>', "", f"## {result.title}", ""]
@@ -304,7 +327,12 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
             lines += [f"Quoted in [{result.readme.split('#')[0]}](../{result.readme})." if not quick else
                       f"(README: `{result.readme}`)", ""]
         if rec is None:
-            lines += [f"Pending: not run yet. `{commands[result.name]}`"]
+            if sittings[result.name]:
+                lines += [f"Pending: {_so_far(sittings[result.name])}; rerun `{commands[result.name]}` to continue "
+                          "(finished runs are kept, stopped ones resume from their checkpoints)."]
+                lines += [_sitting_line(i, s) for i, s in enumerate(sittings[result.name], 1)]
+            else:
+                lines += [f"Pending: not run yet. `{commands[result.name]}`"]
             continue
         if not rec.get("complete", False):
             lines += ["**Incomplete**: a run failed (its error is in the table); rerun the command to retry.", ""]

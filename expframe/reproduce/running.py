@@ -60,6 +60,21 @@ def record_path(work: str, name: str) -> str:
     return os.path.join(work, RECORDS, f"{name}.json")
 
 
+def sittings_path(work: str, name: str) -> str:
+    """The sittings of a result not yet complete: each invocation that ran it and stopped."""
+    return os.path.join(work, RECORDS, f"{name}.sittings.json")
+
+
+def read_sittings(work: str, name: str, sig: Optional[str] = None) -> list[dict]:
+    """The earlier sittings of a result (those made under signature `sig`, when given)."""
+    try:
+        with open(sittings_path(work, name), encoding="utf-8") as f:
+            sittings = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return [s for s in sittings if isinstance(s, dict) and (sig is None or s.get("signature") == sig)]
+
+
 def read_record(work: str, name: str) -> Optional[dict]:
     try:
         with open(record_path(work, name), encoding="utf-8") as f:
@@ -256,14 +271,70 @@ def signature(result, quick: bool) -> str:
     return naming.digest("\n".join(spec.validate(study_for(result, quick)).values()))
 
 
+def _sitting(started: dict, load_start: list, meter: Meter, sig: str, ended: str, load_end: list) -> dict:
+    """One invocation's part of a result: when, where, from which commit, how it ended."""
+    return {"started": started["time"], "finished": provenance.now(),
+            "wall_s": round(time.time() - meter.started_at, 1), "commit": started["commit"],
+            "dirty": started["dirty"], "machine": started["machine"],
+            "load_average_start": load_start, "load_average_end": load_end, "other_cores": meter.other_cores(),
+            "ended": ended, "signature": sig}
+
+
 def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_s: float = 0.0) -> dict:
-    """Runs one result (resuming what is on disk) and writes its record; returns it."""
+    """Runs one result (resuming what is on disk) and writes its record; returns it.
+
+    An experiment or study stopped part-way (Ctrl-C, SIGTERM, a failed run) keeps its
+    sitting (times, machine, commit, load) in `records/<name>.sittings.json`; the record
+    that completes it holds every sitting, and its wall time is their sum. A study that
+    needs more hours than one machine session gives is run in several sittings."""
     root = os.path.join(work, result.name)
     load_start = settle(settle_s)
     started = provenance.record()
     meter = Meter()
     say(f"{result.name}: started at load average {', '.join(f'{x:.2f}' for x in load_start)}"
         + ("; tiny size" if quick else f"; expected about {result.minutes:g} min on 2 idle cores"))
+    sig = signature(result, quick)
+    earlier = [] if result.kind == "benchmark" else read_sittings(work, result.name, sig)  # a benchmark reruns whole
+    if earlier:
+        say(f"{result.name}: sitting {len(earlier) + 1}; the earlier {len(earlier)} took "
+            f"{sum(s['wall_s'] for s in earlier) / 60:.1f} min")
+    try:
+        rec = _run_parts(result, work, quick, command, parallel, root, started, load_start)
+    except BaseException as e:
+        if result.kind != "benchmark":
+            ended = "stopped" if isinstance(e, (Stopped, KeyboardInterrupt)) else "failed"
+            write_json(sittings_path(work, result.name),
+                       earlier + [_sitting(started, load_start, meter, sig, ended, provenance.load_average())],
+                       make_dirs=True)
+        raise
+    load_end = settle(settle_s)
+    sittings = earlier + [_sitting(started, load_start, meter, sig, "complete" if rec["complete"] else "incomplete",
+                                   load_end)]
+    wall = sum(s["wall_s"] for s in sittings)
+    other = None if any(s["other_cores"] is None for s in sittings) else round(
+        sum(s["other_cores"] * s["wall_s"] for s in sittings) / max(wall, 1e-6), 2)  # weighted by wall time
+    rec.update(started=sittings[0]["started"], load_average_start=sittings[0]["load_average_start"],
+               wall_s=round(wall, 1), load_average_end=load_end, finished=provenance.now(), signature=sig,
+               other_cores=other)
+    if len(sittings) > 1:
+        rec["sittings"] = [{k: v for k, v in s.items() if k != "signature"} for s in sittings]
+    write_json(record_path(work, result.name), rec, make_dirs=True)
+    if rec["complete"]:
+        if os.path.exists(sittings_path(work, result.name)):
+            os.remove(sittings_path(work, result.name))
+    elif result.kind != "benchmark":  # a retry resumes it: its sittings go on
+        write_json(sittings_path(work, result.name), sittings)
+    state = "done" if rec["complete"] else "INCOMPLETE (a run failed; rerun to retry it)"
+    say(f"{result.name}: {state} in {rec['wall_s'] / 60:.1f} min"
+        + (f" over {len(sittings)} sittings" if len(sittings) > 1 else "") + "; load average at the end "
+        f"{', '.join(f'{x:.2f}' for x in rec['load_average_end'])}; other processes used "
+        f"{rec['other_cores']} cores on average")
+    return rec
+
+
+def _run_parts(result, work: str, quick: bool, command: str, parallel: int, root: str, started: dict,
+               load_start: list) -> dict:
+    """Runs the result's benchmark script or main.py runs; returns its record, but for the times."""
     rec = {"name": result.name, "kind": result.kind, "title": result.title, "quick": quick,
            "reproduce": command, "readme": result.readme, "started": started["time"],
            "commit": started["commit"], "dirty": started["dirty"], "expframe": started["expframe"],
@@ -290,16 +361,6 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
             rec["passed"] = rec["complete"] and all(t["holds"] for r in rec["runs"] for t in r["thresholds"])
             if initial:
                 rec["commands"] += [first["command"] for first in initial.values()]
-    rec["wall_s"] = round(time.time() - meter.started_at, 1)
-    rec["other_cores"] = meter.other_cores()
-    rec["signature"] = signature(result, quick)
-    rec["load_average_end"] = settle(settle_s)
-    rec["finished"] = provenance.now()
-    write_json(record_path(work, result.name), rec, make_dirs=True)
-    state = "done" if rec["complete"] else "INCOMPLETE (a run failed; rerun to retry it)"
-    say(f"{result.name}: {state} in {rec['wall_s'] / 60:.1f} min; load average at the end "
-        f"{', '.join(f'{x:.2f}' for x in rec['load_average_end'])}; other processes used "
-        f"{rec['other_cores']} cores on average")
     return rec
 
 
