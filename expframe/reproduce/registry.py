@@ -372,8 +372,10 @@ SNGAN_BATCH = StudyResult(
     arms=(("fixed rate", _fixed_rate), ("rate x sqrt(batch / 64)", _sqrt_scaled_rate)),
     quick_params=tuple(p for p in SNGAN_SHAPES.quick_params if not p.startswith("Trainer.global_batch_size")),
     quick_zips=("Trainer.global_batch_size=[4, 8]", "LR=[1e-3, 1e-3]"), quick_sweeps=("run_experiment.seed=[0]",),
-    # 70 minutes on the machine of 2026-11-30, which sized the study; about 5x that on the slowest seen.
-    parallel=2, minutes=70, readme="README.md#studies")
+    # Measured on the slow 2-core AMD EPYC (AVX2) of 2026-12-01, 2 runs at once: per pair of seeds
+    # about 8, 10, 20, 30 and 77 min at batch 16, 32, 64, 128, 256 (~57 examples/s per run);
+    # the machine of 2026-11-30, which sized the study, ran all 18 runs in about 70 minutes.
+    parallel=2, minutes=270, readme="README.md#studies")
 
 QUICKSTART_BATCH = StudyResult(
     name="quickstart_batch", title="Quickstart batch-size study: top-1 against the global batch, rate scaled linearly",
