@@ -373,9 +373,9 @@ SNGAN_BATCH = StudyResult(
     quick_params=tuple(p for p in SNGAN_SHAPES.quick_params if not p.startswith("Trainer.global_batch_size")),
     quick_zips=("Trainer.global_batch_size=[4, 8]", "LR=[1e-3, 1e-3]"), quick_sweeps=("run_experiment.seed=[0]",),
     # Measured on the slow 2-core AMD EPYC (AVX2) of 2026-12-01, 2 runs at once: per pair of seeds
-    # about 8, 10, 20, 30 and 77 min at batch 16, 32, 64, 128, 256 (~57 examples/s per run);
+    # about 8, 11, 19, 38 and 75 min at batch 16, 32, 64, 128, 256 (~58 examples/s per run);
     # the machine of 2026-11-30, which sized the study, ran all 18 runs in about 70 minutes.
-    parallel=2, minutes=270, readme="README.md#studies")
+    parallel=2, minutes=285, readme="README.md#studies")
 
 QUICKSTART_BATCH = StudyResult(
     name="quickstart_batch", title="Quickstart batch-size study: top-1 against the global batch, rate scaled linearly",
