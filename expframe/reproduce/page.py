@@ -262,9 +262,7 @@ def _benchmark(result: registry.Benchmark, rec: dict) -> list[str]:
 # -- the page -----------------------------------------------------------------------------------
 
 def _so_far(sittings: list[dict]) -> str:
-    """`started: 2 sittings so far, 150.2 min` for a result stopped part-way, else ''."""
-    if not sittings:
-        return ""
+    """`started: 2 sittings so far, 150.2 min, ...` for a result stopped part-way."""
     return (f"started: {len(sittings)} sitting{'s' if len(sittings) > 1 else ''} so far, "
             f"{sum(s['wall_s'] for s in sittings) / 60:.1f} min, the last ended {sittings[-1]['finished']}")
 

@@ -299,7 +299,7 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
         say(f"{result.name}: sitting {len(earlier) + 1}; the earlier {len(earlier)} took "
             f"{sum(s['wall_s'] for s in earlier) / 60:.1f} min")
     try:
-        rec = _run_parts(result, work, quick, command, parallel, root, started, load_start)
+        rec = _run_parts(result, work, quick, command, parallel, root, started)
     except BaseException as e:
         if result.kind != "benchmark":
             ended = "stopped" if isinstance(e, (Stopped, KeyboardInterrupt)) else "failed"
@@ -332,14 +332,14 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
     return rec
 
 
-def _run_parts(result, work: str, quick: bool, command: str, parallel: int, root: str, started: dict,
-               load_start: list) -> dict:
-    """Runs the result's benchmark script or main.py runs; returns its record, but for the times."""
+def _run_parts(result, work: str, quick: bool, command: str, parallel: int, root: str, started: dict) -> dict:
+    """Runs the result's benchmark script or main.py runs; returns its record, but for the
+    times and loads, which `run` adds over every sitting."""
     rec = {"name": result.name, "kind": result.kind, "title": result.title, "quick": quick,
-           "reproduce": command, "readme": result.readme, "started": started["time"],
+           "reproduce": command, "readme": result.readme,
            "commit": started["commit"], "dirty": started["dirty"], "expframe": started["expframe"],
            "tensorflow": provenance.version("tensorflow"), "keras": provenance.version("keras"),
-           "machine": started["machine"], "load_average_start": load_start}
+           "machine": started["machine"]}
     if result.kind == "benchmark":
         data, cmd = run_benchmark(result, root, quick)
         rec.update(commands=[cmd], rows=[{"what": w, "value": v, "goal": g} for w, v, g in result.rows(data)],
