@@ -40,7 +40,7 @@ A task whose train step cannot be compiled (D4PG's sends TD errors to the host w
 uncompiled and True is refused before anything runs.
 """
 
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -64,6 +64,32 @@ def precision_candidates(device: str) -> Sequence[str]:
     return _GPU_CANDIDATES if probes.device_type(device) == "GPU" else _CPU_CANDIDATES
 
 
+def cache_key(question: str, device: str, *extra: str, cpu_flags=None) -> str:
+    """The measured-choice cache's key: the question and what decides its answer, the
+    hardware (`probes.hardware_id`: CPU model and deciding flags, or GPU model) and the
+    TensorFlow version, then `extra` (e.g. the precision policy XLA was measured under)."""
+    return "|".join((question, probes.hardware_id(device, cpu_flags), f"TensorFlow {tf.__version__}") + extra)
+
+
+def agreed_precision(local: str, num_workers: int, agree: Callable[[float, str], float],
+                     log: Optional[Callable[[str], None]] = None) -> str:
+    """The precision every worker uses: the first, in order of preference (`PRECISIONS`,
+    float32 first), of the workers' own choices, agreed with `agree(value, "min")` (a
+    cross-worker minimum), and logged in one line.
+
+    Args:
+      local: this worker's measured choice.
+      num_workers: workers in the cluster.
+      agree: the cross-worker reduction (`Replicator.agree`).
+      log: where the line goes (default stdout).
+    """
+    agreed = PRECISIONS[int(agree(float(PRECISIONS.index(local)), "min"))]
+    (log or (lambda line: print(line, flush=True)))(
+        f"expframe: run_experiment.precision='auto' -> {agreed} on all {num_workers} workers (the first in "
+        f"order {', '.join(PRECISIONS[:3])} of their measured choices; this worker measured {local})")
+    return agreed
+
+
 def auto_precision(target: str, device: Optional[str] = None, make_timer=None, directory: Optional[str] = None,
                    log=None) -> str:
     """The Keras policy name 'auto' stands for on `target` (see `precision_choice`)."""
@@ -85,7 +111,7 @@ def precision_choice(target: str, device: Optional[str] = None, make_timer=None,
         return autotune.Choice("mixed_bfloat16", {}, False, "", "not measured: a TPU computes in bfloat16", None)
     device = device or probe_device(target)
     model = probes.device_model(device)
-    key = f"run_experiment.precision|{model}|TensorFlow {tf.__version__}"
+    key = cache_key("run_experiment.precision", device)
     what = f"{model} (TensorFlow {tf.__version__}; matmul + convolution)"
     return autotune.choose("run_experiment.precision", key, precision_candidates(device),
                            make_timer or (lambda: probes.precision_timer(device)), what,
@@ -136,7 +162,7 @@ def jit_choice(target: str, local_replicas: int, device: Optional[str] = None, m
         return None  # documented per target: on CPUs it pays for some models only
     model = probes.device_model(device)
     policy = _policy_name()
-    key = f"Replicator.jit_compile|{model}|TensorFlow {tf.__version__}|{policy}"
+    key = cache_key("Replicator.jit_compile", device, policy)
     what = f"{model} (TensorFlow {tf.__version__}, {policy}; a convnet training step)"
     dtype = probes.COMPUTE_DTYPES.get(policy, tf.float32)
     return autotune.choose("Replicator.jit_compile", key, ("off", "on"),

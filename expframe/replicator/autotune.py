@@ -6,13 +6,19 @@ not on its name: whether bfloat16 is faster than float32 on a CPU is not told by
 flags (an AVX512_BF16 Xeon ran ResNet-50 at 0.74x in bfloat16). So the answer is
 measured: on first use, a small probe (`expframe/replicator/probes.py`) is timed
 for every candidate on the target's devices, a few seconds at most, and the choice
-is cached per question, device model and TensorFlow version in
+is cached per question and what decides its outcome (the CPU's model and the flags
+that change its arithmetic, such as avx512_bf16 and amx_bf16; the GPU's model and
+compute capability; the TensorFlow version: `auto_settings.cache_key`) in
 `$EXPFRAME_CACHE_DIR`, else `$XDG_CACHE_HOME/expframe`, else `~/.cache/expframe`,
 file `measured_choices.json`. Every use logs one line: the choice, the measured
-speed ratios, where it is cached. `EXPFRAME_REMEASURE=1` measures again (and
-rewrites the entry); so does deleting the file. A cache that cannot be read (not
-JSON, a damaged entry) is measured again and rewritten, with a line saying so; one
-that cannot be written is reported and the run goes on with the measured choice.
+speed ratios, and where it is cached, or why it is not. `EXPFRAME_REMEASURE=1`
+measures again (and rewrites the entry); so does deleting the file. A cache that
+cannot be read (not JSON) or an entry that is damaged (a choice or a timing missing,
+a value of the wrong type) is measured again and rewritten, with a line saying so;
+a cache that cannot be written is reported and the run goes on with the measured
+choice. A write takes an exclusive lock (`fcntl.flock` on `measured_choices.json.lock`),
+reads the file again and adds its entry, so processes measuring at the same time
+(the workers of a local cluster, the runs of a study) keep each other's entries.
 
 The rule: candidates come in order of preference (the first is the baseline,
 float32 or no XLA); a later candidate replaces the current choice only if it is at
@@ -28,7 +34,9 @@ again.
 """
 
 import datetime
+import fcntl
 import json
+import math
 import os
 from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
@@ -37,6 +45,7 @@ from expframe.atomic_files import write_json
 CACHE_ENV = "EXPFRAME_CACHE_DIR"
 REMEASURE_ENV = "EXPFRAME_REMEASURE"
 CACHE_FILE = "measured_choices.json"
+LOCK_SUFFIX = ".lock"
 MIN_SPEEDUP = 1.05
 REPEATS = 5
 
@@ -62,6 +71,7 @@ class Choice(NamedTuple):
     path: str
     measured_at: str
     load_average: Optional[float]
+    cached: bool = True  # False: measured on a busy machine or not writable, for this run only
 
 
 def _load(path: str):
@@ -78,17 +88,42 @@ def _load(path: str):
     return entries, None
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _valid(entry, candidates: Sequence[str]) -> bool:
+    """Whether a cache entry can be used as it is: a known choice, a positive time for
+    the baseline (the first candidate) and for the choice, only known candidates, and a
+    numeric load average (or none). Anything else is measured again."""
     if not isinstance(entry, dict) or entry.get("choice") not in candidates:
         return False
     seconds = entry.get("seconds")
-    return isinstance(seconds, dict) and all(isinstance(v, (int, float)) and v > 0 for v in seconds.values())
+    if not isinstance(seconds, dict) or candidates[0] not in seconds or entry["choice"] not in seconds:
+        return False
+    if not all(c in candidates and _number(v) and v > 0 for c, v in seconds.items()):
+        return False
+    load = entry.get("load_average")
+    return (load is None or _number(load)) and isinstance(entry.get("measured_at", ""), str)
 
 
-def _save(path: str, entries: dict) -> Optional[str]:
-    """Writes the cache atomically; returns why it could not (or None)."""
+def _store(path: str, key: str, entry: dict) -> Optional[str]:
+    """Adds `entry` under `key` to the cache at `path`; returns why it could not (or None).
+
+    Under an exclusive lock on `path + LOCK_SUFFIX`, the file is read again and only
+    this key is replaced, so that two processes storing at once keep both entries; the
+    file itself is replaced atomically (readers never see half of it).
+    """
     try:
-        write_json(path, entries, indent=1, make_dirs=True, sort_keys=True)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = os.open(path + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            entries, _ = _load(path)  # unreadable: replaced by this entry alone (the reader logged it)
+            entries[key] = entry
+            write_json(path, entries, indent=1, make_dirs=True, sort_keys=True)
+        finally:
+            os.close(fd)  # releases the lock
     except OSError as e:
         return f"{type(e).__name__}: {e}"
     return None
@@ -161,6 +196,7 @@ def choose(question: str, key: str, candidates: Sequence[str], make_timer: Calla
     if entry is not None and not _valid(entry, candidates):
         log(f"expframe: the measured-choice cache {path} has a damaged entry for {key!r}; measuring again")
         entry = None
+    not_cached = None  # why this choice holds for this run only
     if entry is not None and not remeasure:
         choice = Choice(entry["choice"], entry["seconds"], False, path, entry.get("measured_at", "?"),
                         entry.get("load_average"))
@@ -168,20 +204,21 @@ def choose(question: str, key: str, candidates: Sequence[str], make_timer: Calla
         seconds = measure(candidates, make_timer(), repeats)
         load = (load_average or _load_average)()
         now = datetime.datetime.now().isoformat(timespec="seconds")
-        choice = Choice(decide(seconds, candidates), seconds, True, path, now, load)
         if load is not None and load > _cores():
-            log(f"expframe: the machine is busy (load average {load:.2f} on {_cores()} cores), so this "
-                f"measurement holds for this run only and is not cached; the next run measures again")
+            not_cached = (f"the machine is busy (load average {load:.2f} on {_cores()} cores), so this measurement "
+                          "holds for this run only; the next run measures again")
         else:
-            entries[key] = {"choice": choice.value, "seconds": seconds, "measured_at": now, "load_average": load}
-            failure = _save(path, entries)
+            failure = _store(path, key, {"choice": decide(seconds, candidates), "seconds": seconds,
+                                         "measured_at": now, "load_average": load})
             if failure:
-                log(f"expframe: could not write the measured-choice cache {path} ({failure}); "
-                    "the choice holds for this run only")
+                not_cached = f"could not write {path} ({failure}), so the choice holds for this run only"
+        choice = Choice(decide(seconds, candidates), seconds, True, path, now, load, not_cached is None)
     load_text = "" if choice.load_average is None else f" at load average {choice.load_average:.2f}"
     when = f"measured now{load_text}" if choice.measured_now else f"measured {choice.measured_at}{load_text}"
+    where = (f"cached in {path} ({REMEASURE_ENV}=1 measures again)" if not_cached is None
+             else f"not cached: {not_cached}")
     log(f"expframe: {question}='auto' -> {choice.value} on {what}: {ratios_text(choice.seconds, candidates)} "
-        f"({when}); cached in {path} ({REMEASURE_ENV}=1 measures again)")
+        f"({when}); {where}")
     return choice
 
 

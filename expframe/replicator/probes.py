@@ -12,7 +12,7 @@ probe a few (large enough that kernels, not launches, dominate).
 """
 
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Iterable, Optional
 
 import tensorflow as tf
 
@@ -48,6 +48,30 @@ def device_model(device: str) -> str:
             return f"GPU {details.get('device_name', 'unknown')}{cc}"
         return "GPU unknown"
     return "CPU " + provenance.cpu_name()
+
+
+# CPU flags that change what bfloat16/float16 and XLA cost: the vector units, their
+# bfloat16 and float16 dot products, and the AMX tiles. Other flags do not enter the key.
+DECIDING_CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+                      "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_fp16", "amx_int8")
+
+
+def hardware_id(device: str, cpu_flags: Optional[Iterable[str]] = None) -> str:
+    """What decides a measured choice on `device`, for the cache's key: a GPU's name and
+    compute capability; a CPU's model name and those of its flags (from /proc/cpuinfo)
+    that change its arithmetic (`DECIDING_CPU_FLAGS`), e.g. "CPU AMD EPYC 7B13 [avx avx2
+    f16c fma]" against "CPU AMD EPYC 9B14 [... avx512_bf16 avx512f ...]".
+
+    Args:
+      device: a device name, e.g. "/device:CPU:0".
+      cpu_flags: the CPU's flags (default: this machine's); tests pass fakes.
+    """
+    model = device_model(device)
+    if device_type(device) == "GPU":
+        return model
+    flags = set(provenance.cpu_flags() if cpu_flags is None else cpu_flags)
+    deciding = [f for f in DECIDING_CPU_FLAGS if f in flags]
+    return f"{model} [{' '.join(sorted(deciding)) if deciding else 'no vector flags'}]"
 
 
 def _timed(fn: Callable[[], tf.Tensor]) -> float:

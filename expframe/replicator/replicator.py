@@ -174,8 +174,7 @@ class Replicator:
         every worker (the most conservative of the workers' choices)."""
         choice = auto_settings.auto_precision(self.target, make_timer=make_timer, directory=directory)
         if self.num_workers > 1:
-            order = auto_settings.PRECISIONS
-            choice = order[int(self.agree(float(order.index(choice)), "min"))]
+            choice = auto_settings.agreed_precision(choice, self.num_workers, self.agree)
         return choice
 
     @property
