@@ -232,8 +232,30 @@ class Trainer:
         rate = steps_per_sec * self.accumulate_steps * self.task.examples_per_step
         out.log_metrics(step, "train", dict(metrics, examples_per_sec=rate))
         eta = (self.train_steps - step) / steps_per_sec if steps_per_sec > 0 else 0.0
-        out.progress(f"step {step}/{self.train_steps}  loss {metrics['loss']:.4f}  "
-                     f"{rate:,.1f} examples/s  eta {datetime.timedelta(seconds=int(eta))}")
+        out.progress(progress_line(step, self.train_steps, metrics, rate, eta))
+
+
+def _number(value: float) -> str:
+    """4 decimals in the everyday range, else 4 significant digits (1.234e-05, 1.235e+06)."""
+    return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e5 else f"{value:.4g}"
+
+
+def progress_line(step: int, train_steps: int, metrics: Dict[str, float], examples_per_sec: float,
+                  eta_s: float) -> str:
+    """The progress line: `step 40/100  loss 0.6931  accuracy 0.5000  512.0 examples/s  eta 0:00:12`.
+
+    Args:
+      step: the step reached.
+      train_steps: the run's last step.
+      metrics: the task's train metrics (train_step's outputs and after_train_steps'), shown
+        under the names the task gives them, `loss` first, then in the task's order.
+      examples_per_sec: training speed.
+      eta_s: seconds of training left.
+    """
+    names = ["loss"] * ("loss" in metrics) + [name for name in metrics if name != "loss"]
+    shown = "".join(f"  {name} {_number(float(metrics[name]))}" for name in names)
+    return (f"step {step}/{train_steps}{shown}  {examples_per_sec:,.1f} examples/s  "
+            f"eta {datetime.timedelta(seconds=int(eta_s))}")
 
 
 def _next_multiple(step: int, every: int) -> int:

@@ -6,6 +6,7 @@ and 4) is shared; each test damages its own copy."""
 
 import json
 import os
+import re
 import shutil
 
 import keras
@@ -14,8 +15,9 @@ import pytest
 import tensorflow as tf
 
 import expframe as xf
+from expframe.run_files import RunFiles
 from expframe.tasks.base import Task
-from expframe.trainer import Trainer
+from expframe.trainer import Trainer, progress_line
 from tests import main_runner as mr
 
 QUICKSTART = "experiments/quickstart.gin"
@@ -162,3 +164,39 @@ def test_the_first_host_call_reuses_the_trace_made_before_writing():
     first, second = trainer.run_train_steps(2), trainer.run_train_steps(2)
     assert task.traced == 1
     assert second["loss"] < first["loss"]
+
+
+class NamedMetrics(CountedSteps):
+    """CountedSteps whose step also returns `accuracy`, with a host-side `env_steps` after each call."""
+
+    def train_step(self, batch):
+        return dict(super().train_step(batch), accuracy=tf.constant(0.25))
+
+    def after_train_steps(self, step):
+        return {"env_steps": 1000.0 * step}
+
+
+def test_progress_lines_show_the_task_metrics_under_its_names(tmp_path, capsys):
+    # The extending guide says train metrics appear "under the names you give them"; the
+    # progress line showed only `loss` (issue 31).
+    trainer = Trainer(train_steps=4, global_batch_size=2, steps_per_loop=2, log_every_steps=2)
+    trainer.prepare(xf.Replicator("cpu", 1), NamedMetrics(), seed=0, deterministic=False)
+    out = RunFiles(str(tmp_path / "run"))
+    trainer.restore(out.checkpoint_dir)
+    out.start("", 0)
+    try:
+        trainer.train(out, evaluate=False)
+    finally:
+        out.close()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
+    assert re.match(r"step 4/4  loss \d\.\d{4}  accuracy 0\.2500  env_steps 4000\.0000  [\d,.]+ examples/s  "
+                    r"eta 0:00:00$", lines[-1]), lines
+    records = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+               if r["split"] == "train"]
+    assert records[-1]["accuracy"] == 0.25 and records[-1]["env_steps"] == 4000.0
+
+
+def test_progress_line_numbers():
+    line = progress_line(3, 10, {"g_loss": 1.5e-5, "loss": 0.5, "fid": 123456.0}, 1234.5, 61)
+    assert line == "step 3/10  loss 0.5000  g_loss 1.5e-05  fid 1.235e+05  1,234.5 examples/s  eta 0:01:01"
