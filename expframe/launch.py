@@ -16,8 +16,13 @@ given), and every process gets a `TF_CONFIG` naming the cluster and its own task
   coordinator); the workers and parameter servers run plain TensorFlow servers,
   started by this module's internal `--serve` mode.
 
-Each process's output lines are prefixed with its role (`[worker 1] ...`). SIGINT and
-SIGTERM are forwarded to every process. When any process fails (non-zero status or
+Each process's output lines are prefixed with its role (`[worker 1] ...`). Every
+process runs in a session of its own, started by one `expframe.processes.Owner`:
+SIGINT and SIGTERM to the launcher (or its process group) are forwarded once to every
+process group (a second signal: SIGKILL), and however the launcher ends, SIGKILL
+included, every group it started, with whatever the workers started in it, is gone
+within seconds. A signal that arrives while a failed cluster is being stopped cancels
+the restart: the launcher exits 128 + signal. When any process fails (non-zero status or
 killed by a signal) the others are stopped (SIGTERM, then SIGKILL after a grace; a
 stopped, SIGSTOPped, process at once: it could not act on SIGTERM) and the launcher
 exits with 2 if that process exited 2 (a configuration error), else 1, after one line
@@ -39,6 +44,11 @@ Every process also gets `EXPFRAME_LAUNCH_SLOT` (its index in the first cluster: 
 worker keeps its slot when others are dropped), `EXPFRAME_LAUNCH_RESTARTS` (the
 restarts so far) and a `TMPDIR` of its start of the cluster, removed when it ends.
 
+When a multi_worker cluster ends, TensorFlow's coordination service may read a peer's
+normal exit as a crash and print `... StartAbort UNAVAILABLE ... The tasks have
+crashed ...`: the launcher holds such lines back and prints them only if the cluster
+failed.
+
 Fault detection between the processes themselves (a peer that died or hangs on a
 real cluster, with no launcher watching) is the coordination service's heartbeat:
 `expframe.replicator.cluster.configure_fault_detection()` sets its timeout from `EXPFRAME_HEARTBEAT_TIMEOUT_S`,
@@ -55,12 +65,15 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from typing import List, Optional, Sequence
+
+# The package's __init__ is lazy and processes.py imports no TensorFlow: the launcher
+# starts in a fraction of a second.
+from expframe import processes
 
 # The same names as in expframe/replicator/cluster.py (checked by tests/test_launch.py);
 # repeated here so that the launcher starts without importing TensorFlow.
@@ -74,6 +87,9 @@ _PROG = "expframe.launch"
 _RESUMED = re.compile(rb"^resuming from step (\d+) ")
 _FRESH = re.compile(rb"^model_dir .*: target '")
 _POSITION = re.compile(rb"^expframe: (data position (?:carried over|re-derived): [^;]*)")
+# What a worker's coordination-service client may print while a finished cluster shuts
+# down (a peer's exit read as a crash); held back, and printed only if the cluster failed.
+_SHUTDOWN_ABORT = re.compile(rb"StartAbort|The tasks have crashed\. Check the task logs")
 
 
 # -- cluster -----------------------------------------------------------------------------
@@ -110,43 +126,38 @@ def program_command(args: Sequence[str]) -> List[str]:
 
 
 class _Process:
-    """One child: its role, slot, Popen, and the thread that prefixes its output (and
-    hands each line to `on_line`)."""
+    """One child of the cluster: its role, slot and `processes.Child`. Its output lines are
+    printed with its name as prefix, after `on_line(process, line)` saw them (it returns
+    False for a line to hold back)."""
 
-    def __init__(self, role: str, index: int, slot: int, command: List[str], env: dict, is_server: bool,
-                 on_line=None):
+    def __init__(self, owner: processes.Owner, role: str, index: int, slot: int, command: List[str], env: dict,
+                 is_server: bool, is_first_program: bool = False, on_line=None):
         self.name = "chief" if role == "chief" else f"{role} {index}"
-        self.slot, self.is_server = slot, is_server
-        self._on_line = on_line
-        self.popen = subprocess.Popen(
-            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True)  # own group: we forward signals.
-        self.reader = threading.Thread(target=self._pump, daemon=True)
-        self.reader.start()
-
-    def _pump(self):
+        self.slot, self.is_server, self.is_first_program = slot, is_server, is_first_program
         prefix = f"[{self.name}] ".encode()
         out = sys.stdout.buffer
-        for line in iter(self.popen.stdout.readline, b""):
+
+        def echo(child, line: bytes) -> None:  # pylint: disable=unused-argument
+            if on_line is not None and on_line(self, line) is False:
+                return
             with _print_lock:
                 out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
                 out.flush()
-            if self._on_line is not None:
-                self._on_line(self, line)
 
-    def signal(self, signum: int) -> None:
-        try:
-            os.killpg(self.popen.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # Registered with the owner before its output is read (a line printed at once is
+        # never lost, and never kills the reader: processes.Child._pump).
+        self.child = owner.start(command, self.name, env=env, on_line=echo)
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+    def poll(self) -> Optional[int]:
+        return self.child.poll()
 
     def is_stopped(self) -> bool:
         """Whether the process is stopped (SIGSTOP, state T in /proc): it cannot act on SIGTERM."""
-        try:
-            with open(f"/proc/{self.popen.pid}/stat", encoding="utf-8") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-        except (OSError, IndexError):
-            return False
+        return self.child.is_stopped()
 
 
 _print_lock = threading.Lock()
@@ -157,44 +168,17 @@ def _say(line: str) -> None:
         print(f"{_PROG}: {line}", file=sys.stderr, flush=True)
 
 
-def _describe(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"died with signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"died with signal {-returncode}"
-    return f"exited with status {returncode}"
-
-
-def _stop(procs: Sequence[_Process], signum: Optional[int], grace_s: float) -> None:
-    """Sends `signum` (unless None: already sent) to every live process, then SIGKILL
-    to those still alive after `grace_s` (to a stopped one at once), and waits for all
-    of them and their output."""
-    for p in procs:
-        if p.popen.poll() is None:
-            if signum is not None:
-                p.signal(signum)
-            if p.is_stopped():
-                p.signal(signal.SIGKILL)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(p.popen.poll() is None for p in procs):
-        time.sleep(0.02)
-    for p in procs:
-        if p.popen.poll() is None:
-            p.signal(signal.SIGKILL)
-    for p in procs:
-        p.popen.wait()
-        p.reader.join(timeout=2.0)
-
-
 class _Attempt:
     """One start of the cluster: its processes, how it ended, and where it resumed."""
 
-    def __init__(self, program: List[str], slots: List[int], ps: int, host: str, base_env: dict, restarts: int):
+    def __init__(self, owner: processes.Owner, program: List[str], slots: List[int], ps: int, host: str,
+                 base_env: dict, restarts: int):
+        self.owner = owner
         self.started = time.monotonic()
         self.slots = slots
         self.resumed_step: Optional[int] = None  # set by the chief's output
         self.position: Optional[str] = None
+        self.held: List[bytes] = []  # the coordination service's shutdown lines, see _on_line
         cluster = make_cluster(len(slots), ps, host)
         server = [sys.executable, "-m", "expframe.launch", "--serve"]
         # Each start gets its own TMPDIR, removed when it ends: a killed worker's private
@@ -208,19 +192,32 @@ class _Attempt:
         else:
             layout = [("worker", i, s, False) for i, s in enumerate(slots)]
         self.procs: List[_Process] = []
-        for role, index, slot, is_server in layout:
+        for n, (role, index, slot, is_server) in enumerate(layout):
             env = dict(base_env, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}),
                        **{SLOT_ENV: str(slot), RESTARTS_ENV: str(restarts)})
-            self.procs.append(_Process(role, index, slot, server if is_server else program, env, is_server,
-                                       on_line=None if is_server else self._on_line))
+            self.procs.append(_Process(owner, role, index, slot, server if is_server else program, env, is_server,
+                                       is_first_program=n == 0, on_line=None if is_server else self._on_line))
+
+    def children(self) -> List[processes.Child]:
+        return [p.child for p in self.procs]
+
+    def stop(self, signum: Optional[int], grace_s: float) -> None:
+        """Sends `signum` (unless None: already sent) to every process's group, SIGKILL to
+        what is left after `grace_s` (to a stopped process at once), and waits for all
+        of them and their output."""
+        self.owner.stop(self.children(), signum, grace_s)
 
     def remove_tmpdir(self) -> None:
         """Removes this start's TMPDIR (after its processes ended)."""
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
-    def _on_line(self, proc: _Process, line: bytes) -> None:
-        if proc is not self.procs[0] or self.resumed_step is not None:
-            return
+    def _on_line(self, proc: _Process, line: bytes) -> bool:
+        """Reads where the chief resumed; returns False for a line to hold back."""
+        if _SHUTDOWN_ABORT.search(line):
+            self.held.append(f"[{proc.name}] ".encode() + line)
+            return False
+        if not proc.is_first_program or self.resumed_step is not None:
+            return True
         m = _POSITION.match(line)
         if m:
             self.position = m.group(1).decode(errors="replace").strip()
@@ -229,6 +226,15 @@ class _Attempt:
             self.resumed_step = int(m.group(1))
         elif _FRESH.match(line):
             self.resumed_step = 0
+        return True
+
+    def print_held(self) -> None:
+        """Prints the held-back shutdown lines (the cluster failed: they may say why)."""
+        for line in self.held:
+            with _print_lock:
+                sys.stdout.buffer.write(line if line.endswith(b"\n") else line + b"\n")
+                sys.stdout.buffer.flush()
+        self.held = []
 
     def poll(self):
         """None while running; else ("ok", None, 0) or ("failed", process, status).
@@ -238,7 +244,7 @@ class _Attempt:
         after it (status 1), and the one to name is the peer."""
         failed = []
         for p in self.procs:
-            code = p.popen.poll()
+            code = p.poll()
             # A server (ps mode's workers and ps) must not end while the chief runs.
             if code is not None and (code != 0 or p.is_server):
                 failed.append((code != 2, code >= 0, p, code))
@@ -246,7 +252,7 @@ class _Attempt:
             _, _, p, code = min(failed, key=lambda f: f[:2])
             return "failed", p, code
         programs = [p for p in self.procs if not p.is_server]
-        if all(p.popen.poll() == 0 for p in programs):
+        if all(p.poll() == 0 for p in programs):
             return "ok", None, 0
         return None
 
@@ -280,28 +286,39 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
     min_workers = workers if min_workers is None else min_workers
     program = program_command(command)
     base_env = dict(os.environ, PYTHONUNBUFFERED="1", **{HEARTBEAT_ENV: str(heartbeat_timeout_s)})
-    received, attempt = [], None
+    owner = processes.Owner(_PROG)
+    received: List[int] = []
+    signalled = set()  # pids that got the first signal: main.py takes a second one as "stop now"
+
+    def forward(signum: int) -> None:
+        for child in list(owner.children):
+            if child.pid not in signalled:
+                signalled.add(child.pid)
+                child.signal(signum)
 
     def on_signal(signum, frame):  # pylint: disable=unused-argument
-        procs = attempt.procs if attempt else []
         if received:  # a second signal: no more grace.
-            for p in procs:
-                p.signal(signal.SIGKILL)
+            owner.signal(signal.SIGKILL)
         received.append(signum)
-        for p in procs:
-            p.signal(signum)
+        forward(signum)
+
+    def stopped_by_signal() -> int:
+        _say(f"received {signal.Signals(received[0]).name}; stopped all processes")
+        return 128 + received[0]
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    slots, restarts, restart, last_failed_slot = list(range(workers)), 0, None, None
+    slots, restarts, restart, last_failed_slot, attempt = list(range(workers)), 0, None, None, None
     try:
         while True:
-            attempt = _Attempt(program, slots, ps, host, base_env, restarts)
+            if received:  # a signal while the failed cluster was stopped: no restart.
+                return stopped_by_signal()
+            attempt = _Attempt(owner, program, slots, ps, host, base_env, restarts)
             outcome = None
             while outcome is None:
                 if received:
-                    _stop(attempt.procs, None, grace_s=max(grace_s, 10.0))  # on_signal forwarded it.
-                    _say(f"received {signal.Signals(received[0]).name}; stopped all processes")
-                    return 128 + received[0]
+                    forward(received[0])  # processes started after the signal came
+                    attempt.stop(None, grace_s=max(grace_s, 10.0))
+                    return stopped_by_signal()
                 if restart and attempt.resumed_step is not None:
                     _say(restart.line(attempt))
                     restart = None
@@ -311,21 +328,24 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
             kind, p, code = outcome
             seen_at = time.monotonic()
             if kind == "ok":
-                _stop([q for q in attempt.procs if q.is_server], signal.SIGTERM, grace_s)
-                for q in attempt.procs:
-                    q.reader.join(timeout=2.0)
+                owner.stop([q.child for q in attempt.procs if q.is_server], signal.SIGTERM, grace_s)
+                for q in attempt.procs:  # what a program left in its group goes with it
+                    if not q.is_server:
+                        owner.reap(q.child)
+                attempt.held = []  # a clean end: the coordination service's abort lines say nothing
                 if restart:
                     _say(restart.line(attempt, "finished"))
                 return 0
             # A stopped (SIGSTOPped) process is what failed: the others noticed its missing heartbeats.
-            hung = [q for q in attempt.procs if q is not p and q.popen.poll() is None and q.is_stopped()]
-            _stop(attempt.procs, signal.SIGTERM, grace_s)
+            hung = [q for q in attempt.procs if q is not p and q.poll() is None and q.is_stopped()]
+            attempt.stop(signal.SIGTERM, grace_s)
+            attempt.print_held()
             attempt.remove_tmpdir()
             if restart:  # the restarted cluster failed before it reported its resume.
                 _say(restart.line(attempt, "failed"))
-            what = f"{p.name} (pid {p.popen.pid}) {_describe(code)}"
+            what = f"{p.name} (pid {p.pid}) {processes.describe_status(code)}"
             if hung:
-                what = f"{hung[0].name} (pid {hung[0].popen.pid}) hung (stopped) and {what}"
+                what = f"{hung[0].name} (pid {hung[0].pid}) hung (stopped) and {what}"
                 p = hung[0]
             if code == 2 or restarts >= max_restarts:
                 tail = "" if code == 2 or not max_restarts else f"; no restarts left (--max_restarts={max_restarts})"
@@ -344,9 +364,9 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for q in (attempt.procs if attempt else []):  # never leave orphans, whatever happened above.
-            if q.popen.poll() is None:
-                q.signal(signal.SIGKILL)
+        # Never leave a process behind, whatever happened above: every group the owner
+        # started (a worker's own children too) gets SIGTERM, then SIGKILL.
+        owner.close(grace_s=1.0)
         if attempt:
             attempt.remove_tmpdir()
 

@@ -186,6 +186,8 @@ def test_multi_worker_mirrored_all_reduce(tmp_path):
     for i in range(2):
         assert f"[worker {i}] fault detection configured: True" in proc.stdout
         assert f"[worker {i}] ALLREDUCE 3.0" in proc.stdout, proc.stdout[-3000:]
+    # The coordination service's shutdown abort (1 of 2 clean runs printed it) is held back.
+    assert "StartAbort" not in proc.stdout + proc.stderr and "tasks have crashed" not in proc.stdout
 
 
 def test_heartbeat_constants_match_the_replicator():
@@ -315,3 +317,157 @@ def test_without_min_workers_a_worker_that_cannot_be_restarted_ends_the_run(tmp_
 def test_restart_flags_are_checked(args, message):
     proc, _ = _launch(_FAST, args + ["--", "prog.py"])
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+# -- one owner for every child: the hang, a signal during a restart, orphans -----------------
+
+# The launcher loaded by path, with every thread start followed by 0.3 s in the starting
+# thread: a reader thread runs before its starter continues, as on a loaded machine.
+_SLOW_STARTS = [sys.executable, "-c",
+                "import importlib.util as u, sys, threading, time; s0 = threading.Thread.start\n"
+                "def start(self):\n    s0(self); time.sleep(0.3)\n"
+                "threading.Thread.start = start\n"
+                "s = u.spec_from_file_location('launch', sys.argv[1]); m = u.module_from_spec(s); "
+                "s.loader.exec_module(m); sys.exit(m.main(sys.argv[2:]))", _LAUNCH_PY]
+
+# Prints a line at once, then 1 MB (more than a pipe holds) in 1 kB lines, then its pid.
+_FLOOD_PROGRAM = textwrap.dedent("""
+    import os, sys
+    sys.stdout.write("first\\n"); sys.stdout.flush()
+    for i in range(1024):
+        sys.stdout.write("x" * 1023 + "\\n")
+    sys.stdout.write("done " + str(os.getpid()) + "\\n")
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_prints_at_once_and_floods_its_pipe_never_blocks(tmp_path):
+    # The old launcher started a worker's reader before it listed the worker: its first
+    # line raised IndexError in the reader, the pipe was never drained and the worker
+    # blocked once it was full (the launcher hung).
+    prog = _write(tmp_path, _FLOOD_PROGRAM)
+    proc, _ = _launch(_SLOW_STARTS, ["--workers=3", "--", prog], timeout=30)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for i in range(3):
+        assert proc.stdout.count(f"[worker {i}] " + "x" * 1023 + "\n") == 1024
+        assert re.search(rf"^\[worker {i}\] first$", proc.stdout, re.M)
+        assert re.search(rf"^\[worker {i}\] done \d+$", proc.stdout, re.M)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+# Worker 1 fails at once; worker 0 takes 2 s to stop on SIGTERM (saying so first).
+_SLOW_STOP_PROGRAM = textwrap.dedent("""
+    import json, os, signal, sys, time
+    restarts = int(os.environ["EXPFRAME_LAUNCH_RESTARTS"])
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    print("START " + json.dumps({"restarts": restarts, "index": index, "pid": os.getpid()}), flush=True)
+    if index == 1:
+        time.sleep(0.5)
+        sys.exit(3)
+    def stopping(*_):
+        print("stopping", flush=True)
+        time.sleep(2.0)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stopping)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_while_a_failed_cluster_is_stopped_cancels_the_restart(tmp_path):
+    # The old launcher started the restarted cluster anyway, never signalled it, and
+    # SIGKILLed it 10 s later.
+    prog = _write(tmp_path, _SLOW_STOP_PROGRAM)
+    proc = subprocess.Popen(_FAST + ["--workers=2", "--max_restarts=2", "--grace_s=5", "--", prog], cwd=_REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:  # the failed cluster is being stopped: worker 0 got SIGTERM
+        lines.append(line)
+        if line.startswith("[worker 0] stopping"):
+            break
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    out = "".join(lines) + out
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert time.monotonic() - sent < 8
+    assert {s["restarts"] for s in _starts(out)} == {0}, out  # no second cluster
+    assert _launcher_lines(err) == ["expframe.launch: received SIGTERM; stopped all processes"], err
+
+
+# Starts a `sleep` in its own process group and prints its pid; then exits (argv[1] ==
+# "exit") or sleeps.
+_PARENT_PROGRAM = textwrap.dedent("""
+    import os, subprocess, sys, time
+    sleeper = subprocess.Popen(["sleep", "120"])
+    print("PIDS", os.getpid(), sleeper.pid, flush=True)
+    if sys.argv[1] != "exit":
+        time.sleep(120)
+""")
+
+
+def _pids(stdout):
+    return [int(p) for line in stdout.splitlines() if "] PIDS " in line for p in line.split("] PIDS ")[1].split()]
+
+
+def _all_gone(pids, within_s):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if all(_gone(p) or _zombie(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+@pytest.mark.timeout(60)
+def test_what_a_finished_worker_left_in_its_group_ends_with_the_launcher(tmp_path):
+    prog = _write(tmp_path, _PARENT_PROGRAM)
+    proc, _ = _launch(_FAST, ["--workers=2", "--", prog, "exit"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pids = _pids(proc.stdout)
+    assert len(pids) == 4, proc.stdout
+    assert _all_gone(pids, 1.0), [p for p in pids if not _gone(p)]  # the old launcher left both sleeps
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_launcher_leaves_no_worker(tmp_path):
+    prog = _write(tmp_path, _PARENT_PROGRAM)
+    proc = subprocess.Popen(_FAST + ["--workers=2", "--", prog, "stay"], cwd=_REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if len(_pids("".join(out))) == 4:
+            break
+    pids = _pids("".join(out))
+    proc.kill()
+    proc.wait()
+    try:
+        assert _all_gone(pids, 8.0), [p for p in pids if not _gone(p)]  # the old launcher left all four
+    finally:
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+_ABORT_LINE = ("E0000 00:00:1764000000.000000   1 coordination_service_agent.cc:332] Coordination agent is set to "
+               "ERROR: UNAVAILABLE: failed to connect ... StartAbort UNAVAILABLE: The tasks have crashed. Check the "
+               "task logs for an earlier error")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("status", [0, 3])
+def test_the_coordination_services_shutdown_abort_shows_only_when_the_cluster_failed(tmp_path, status):
+    prog = _write(tmp_path, f"import sys\nprint({_ABORT_LINE!r}, file=sys.stderr)\nsys.exit({status})\n")
+    proc, _ = _launch(_FAST, ["--workers=2", "--", prog])
+    assert proc.returncode == (0 if status == 0 else 1), proc.stdout + proc.stderr
+    shown = proc.stdout.count("StartAbort UNAVAILABLE: The tasks have crashed")
+    assert shown == (0 if status == 0 else 2), proc.stdout
