@@ -34,19 +34,22 @@ def _git(args: list[str], cwd: str) -> Optional[str]:
 
 
 def commit(root: str = _PACKAGE_ROOT) -> tuple[str, bool]:
-    """(commit hash, whether tracked files outside `docs/` differ from it) of the checkout
-    that holds the running expframe package (docs change no result, and
-    `python -m expframe.reproduce` writes its page there while it runs);
-    (`NOT_A_CHECKOUT`, False) when that directory is not
-    the top of a git work tree (an installed package, e.g. in a virtual environment
-    that happens to sit inside some other checkout, is not)."""
+    """(commit hash, whether the files outside `docs/` differ from it) of the checkout
+    that holds the running expframe package; (`NOT_A_CHECKOUT`, False) when that
+    directory is not the top of a git work tree (an installed package, e.g. in a virtual
+    environment that happens to sit inside some other checkout, is not).
+
+    Dirty means a tracked file changed or a file git does not ignore is untracked: a run
+    of a module never committed is not a run of the commit. Files under `docs/` are left
+    out (docs change no result, and `python -m expframe.reproduce` writes its page there
+    while it runs), and so are ignored ones (`runs/`, `.venv/`)."""
     top = _git(["rev-parse", "--show-toplevel"], root)
     if top is None or os.path.realpath(top) != os.path.realpath(root):
         return NOT_A_CHECKOUT, False
     sha = _git(["rev-parse", "HEAD"], root)
     if not sha:
         return NOT_A_CHECKOUT, False
-    status = _git(["status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"], root)
+    status = _git(["status", "--porcelain", "--untracked-files=normal", "--", ".", ":(exclude)docs"], root)
     return sha, bool(status)
 
 

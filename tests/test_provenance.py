@@ -23,7 +23,7 @@ def _git(*args):
 def test_record_names_the_commit_versions_machine_and_load():
     record = provenance.record()
     assert record["commit"] == _git("rev-parse", "HEAD")
-    assert record["dirty"] == bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"))
+    assert record["dirty"] == bool(_git("status", "--porcelain", "--", ".", ":(exclude)docs"))
     import keras  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -57,6 +57,30 @@ def test_a_change_under_docs_does_not_make_the_checkout_dirty_a_code_change_does
     (tmp_path / "docs" / "results.md").write_text("new page\n")
     assert provenance.commit(str(tmp_path))[1] is False
     (tmp_path / "main.py").write_text("x = 2\n")
+    assert provenance.commit(str(tmp_path))[1] is True
+
+
+def test_an_untracked_module_makes_the_checkout_dirty_an_untracked_doc_or_ignored_file_does_not(tmp_path):
+    """A run of a module never committed (a new task beside the shipped ones) is not a
+    run of the commit; a new page under docs/ or a file git ignores (runs/) changes nothing."""
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("page\n")
+    (tmp_path / "main.py").write_text("x = 1\n")
+    (tmp_path / ".gitignore").write_text("/runs/\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "start")
+    (tmp_path / "docs" / "images").mkdir()
+    (tmp_path / "docs" / "images" / "new.png").write_bytes(b"png")
+    (tmp_path / "docs" / "new_page.md").write_text("new\n")
+    (tmp_path / "runs" / "quickstart").mkdir(parents=True)
+    (tmp_path / "runs" / "quickstart" / "metrics.jsonl").write_text("{}\n")
+    assert provenance.commit(str(tmp_path))[1] is False
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "wave_task.py").write_text("class WaveTask: pass\n")
     assert provenance.commit(str(tmp_path))[1] is True
 
 
