@@ -8,7 +8,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe import config, provenance
+from expframe import config, provenance, run_files
 from expframe.errors import ConfigError
 from expframe.replicator import Replicator, auto_settings, cluster
 from expframe.run_files import RunFiles
@@ -120,6 +120,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     parsed_config = gin.config_str()
     if not allow_config_change:
         _check_config_unchanged(model_dir, config_text, parsed_config)
+        run_files.check_resolved(model_dir, run_files.resolved_choices(replicator))
     if dry_run:
         step = trainer.restore(os.path.join(model_dir, "checkpoints"))  # reads only
         if mode == "eval" and step == 0:
@@ -143,7 +144,7 @@ def _restore_and_run(trainer: Trainer, replicator: Replicator, out: RunFiles, mo
             raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
         if mode != "eval" and step < trainer.train_steps:
             trainer.trace()  # errors found only while tracing the step also leave the model_dir untouched
-        out.start(config_text, step, parsed_config)
+        out.start(config_text, step, parsed_config, run_files.resolved_choices(replicator))
     except BaseException:
         out.close()  # a non-chief worker's private directory
         raise

@@ -1,5 +1,10 @@
 """Everything a run writes into its model_dir (the contract in DESIGN.md, Run outputs).
 
+What 'auto' resolved to (`run_experiment.precision`, `Replicator.jit_compile`: measured
+on this machine and cached, so another machine or a changed cache can answer
+differently) is recorded in resolved.json; a resume that would resolve them
+differently is refused like a change of config.gin (`check_resolved`).
+
 Only the chief writes into the model_dir; other workers get a private temporary
 directory that is removed at the end. The one exception: each other worker saves
 its own data position (its shard's iterator) under checkpoints/data/ next to the
@@ -11,15 +16,58 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
+import keras
 import tensorflow as tf
 
 from expframe.atomic_files import write_json
 from expframe.atomic_files import write_text as atomic_write
-from expframe.errors import RunError
+from expframe.errors import ConfigError, RunError
 
 PROVENANCE = "provenance"  # the split of metrics.jsonl's provenance records
+RESOLVED = "resolved.json"  # what 'auto' resolved to: {binding: value}
+
+
+def resolved_choices(replicator) -> Dict[str, Any]:
+    """What this run computes in, whatever was bound ('auto' included): the Keras
+    precision policy in force and whether the Replicator compiles its steps with XLA
+    (`Replicator.compiles_steps`; deciding it may measure, once per machine)."""
+    return {"run_experiment.precision": keras.mixed_precision.global_policy().name,
+            "Replicator.jit_compile": bool(replicator.compiles_steps)}
+
+
+def check_resolved(model_dir: str, resolved: Dict[str, Any]) -> None:
+    """Refuses to resume model_dir with choices other than those it was run with.
+
+    Args:
+      model_dir: the run's directory; a run without resolved.json (new, or older than
+        it) passes.
+      resolved: this run's `resolved_choices`.
+
+    Raises:
+      ConfigError: one line naming the binding, the value recorded and the value now,
+        and `--allow_config_change`.
+    """
+    path = os.path.join(model_dir, RESOLVED)
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            recorded = json.load(f)
+        if not isinstance(recorded, dict):
+            raise ValueError(f"not a JSON object but {type(recorded).__name__}")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} cannot be read ({str(e).splitlines()[0][:80]}); delete it to resume with this "
+                          "run's choices, or use a new --model_dir.") from None
+    for binding, now in resolved.items():
+        was = recorded.get(binding, now)
+        if was != now:
+            raise ConfigError(
+                f"{path}: {binding} resolves to {now!r} in this run, but the run in {model_dir} was trained with "
+                f"{was!r} ('auto' measured differently: another machine, or a changed cache); bind {binding} = "
+                f"{was!r} and pass --allow_config_change to resume as it was trained, pass --allow_config_change "
+                f"to go on with {now!r}, or use a new --model_dir.")
 
 
 class RunFiles:
@@ -43,15 +91,19 @@ class RunFiles:
         with open(path, encoding="utf-8") as f:
             return f.read()
 
-    def start(self, config_text: str, resumed_step: int, parsed_config: str = None) -> None:
-        """Creates the model_dir, writes config.gin (as given) and parsed_config.gin (what
-        it parses to: includes expanded, paths gone; what a resume compares), trims
+    def start(self, config_text: str, resumed_step: int, parsed_config: str = None,
+              resolved: Optional[Dict[str, Any]] = None) -> None:
+        """Creates the model_dir, writes config.gin (as given), parsed_config.gin (what
+        it parses to: includes expanded, paths gone; what a resume compares) and
+        resolved.json (`resolved`: what 'auto' resolved to, see `check_resolved`), trims
         metrics past the resumed step."""
         kept = self._metrics_up_to(resumed_step)  # read before anything is written
         os.makedirs(self.model_dir, exist_ok=True)
         atomic_write(os.path.join(self.model_dir, "config.gin"), config_text)
         if parsed_config is not None:
             atomic_write(os.path.join(self.model_dir, "parsed_config.gin"), parsed_config)
+        if resolved is not None:
+            write_json(os.path.join(self.model_dir, RESOLVED), resolved)
         if kept is not None:
             atomic_write(self.metrics_path, kept)
 
