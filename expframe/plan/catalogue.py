@@ -1,0 +1,172 @@
+"""The hardware the planner plans for: published figures from hardware.json, and "this
+machine" (`cpu`) measured by the replicator's probes.
+
+A `Hardware` is one device type: its peak FLOP/s per precision, memory and memory
+bandwidth, how devices are wired (a ring inside a host, a TPU torus) and the links
+inside and between hosts. Every published value names its source in hardware.json
+(`sources`); `cpu` is measured here, so its numbers describe the machine the planner
+runs on, at the load it has now.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import time
+from typing import Dict, List, Optional
+
+from expframe.errors import ConfigError
+
+_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hardware.json")
+# A Keras precision policy -> the key of the peak it computes at.
+PRECISION_KEYS = {"float32": "fp32", "mixed_bfloat16": "bf16", "mixed_float16": "fp16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A collective's path: bandwidth in bytes/s each way (summed over a device's links) and
+    the latency of one step of the algorithm."""
+    name: str
+    bandwidth: float
+    latency_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """One device type.
+
+    Attributes:
+      name: catalogue key ('v3', 'a100', 'cpu').
+      kind: 'tpu', 'gpu' or 'cpu'.
+      topology: 'ring' (NCCL / host memory), 'torus2d' or 'torus3d' (TPU ICI).
+      devices_per_host: devices that share a host (and its network interface).
+      peak_flops: peak FLOP/s per precision key ('fp32', 'tf32', 'bf16', 'fp16').
+      memory_bytes, memory_bandwidth: one device's memory and its bandwidth (bytes/s).
+      intra_host, inter_host: the links a collective uses inside a host and between hosts.
+      multi_slice: for TPUs, the data-centre network between slices (beyond pod_devices).
+      pod_devices: the most devices on one interconnect (a TPU pod); None: unbounded.
+      utilisation: default achieved / peak FLOP/s; its source in `sources['utilisation']`.
+      overlap: whether gradient communication overlaps compute on this target.
+      shared_compute: True when every replica shares one pool of compute (logical CPU
+        replicas): the step's compute time is then that of the whole global batch.
+      sources: where each value comes from (text).
+    """
+    name: str
+    kind: str
+    topology: str
+    devices_per_host: int
+    peak_flops: Dict[str, float]
+    memory_bytes: float
+    memory_bandwidth: float
+    intra_host: Link
+    inter_host: Link
+    utilisation: float
+    overlap: bool
+    sources: Dict[str, str]
+    multi_slice: Optional[Link] = None
+    pod_devices: Optional[int] = None
+    shared_compute: bool = False
+
+    def peak(self, precision: str) -> float:
+        """Peak FLOP/s at a Keras precision policy; a TPU runs float32 matmuls at its bf16 rate
+        (XLA's default precision on TPU), a device without a peak for the precision falls back
+        to fp32 (and says so in `peak_note`)."""
+        key = PRECISION_KEYS.get(precision, "fp32")
+        if key in self.peak_flops:
+            return self.peak_flops[key]
+        if self.kind == "tpu":
+            return self.peak_flops["bf16"]
+        return self.peak_flops.get("fp32") or max(self.peak_flops.values())
+
+    def peak_note(self, precision: str) -> str:
+        """How `peak(precision)` was chosen, for the table's header."""
+        key = PRECISION_KEYS.get(precision, "fp32")
+        if key in self.peak_flops:
+            return f"{key} peak {self.peak_flops[key] / 1e12:.3g} TFLOP/s"
+        if self.kind == "tpu":
+            return f"no {key} peak on TPU: XLA runs float32 matmuls in bf16 passes; bf16 peak used"
+        return f"no {key} peak; fp32 peak used"
+
+
+def _load() -> dict:
+    with open(_DATA, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def names() -> List[str]:
+    """Every device type the catalogue holds, plus 'cpu' (measured)."""
+    return sorted(_load()["devices"]) + ["cpu"]
+
+
+def _link(entry: dict) -> Link:
+    return Link(entry["name"], float(entry["bandwidth"]), float(entry["latency_s"]))
+
+
+def published(name: str) -> Hardware:
+    """A catalogue entry by name or alias (case-insensitive); ConfigError if unknown."""
+    data = _load()
+    wanted = name.lower()
+    for key, entry in data["devices"].items():
+        if wanted == key or wanted in entry.get("aliases", []):
+            sources = {field: _expand(ref, data["sources"]) for field, ref in entry["source"].items()}
+            return Hardware(
+                name=key, kind=entry["kind"], topology=entry["topology"], devices_per_host=entry["devices_per_host"],
+                peak_flops={k: float(v) for k, v in entry["peak_flops"].items()},
+                memory_bytes=float(entry["memory_bytes"]), memory_bandwidth=float(entry["memory_bandwidth"]),
+                intra_host=_link(entry["intra_host"]), inter_host=_link(entry["inter_host"]),
+                multi_slice=_link(entry["multi_slice"]) if "multi_slice" in entry else None,
+                pod_devices=entry.get("pod_devices"), utilisation=float(entry["utilisation"]),
+                overlap=bool(entry["overlap"]), sources=sources)
+    raise ConfigError(f"--hardware={name!r} is not in the catalogue (expframe/plan/hardware.json); use one of "
+                      f"{', '.join(names())}.")
+
+
+def _expand(ref: str, sources: Dict[str, str]) -> str:
+    """'nvidia_p100; inter-host goyal_big_basin' -> each source key replaced by its text."""
+    return re.sub(r"[a-z0-9_]+", lambda m: sources.get(m.group(0), m.group(0)), ref)
+
+
+def _memory_bytes() -> float:
+    """This machine's physical memory."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _copy_bandwidth(size_bytes: int = 64 << 20, repeats: int = 3) -> float:
+    """Bytes/s of a large in-memory copy: what a reduction through host memory moves."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    source = np.ones(size_bytes // 8)
+    target = np.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - start)
+    return size_bytes / best
+
+
+def measured_cpu(achieved_flops: float, utilisation: float = 1.0, copy_bandwidth: Optional[float] = None,
+                 loopback_bandwidth: float = 1e9, latency_s: float = 5e-5) -> Hardware:
+    """'This machine': its achieved FLOP/s (from `measure.cpu_flops`, the replicator's
+    precision probe) as the peak, its memory, and a copy's bandwidth as the link between
+    logical replicas. Loopback workers talk over gRPC on 127.0.0.1 (`loopback_bandwidth`,
+    an assumption the --inter_host_gbps flag overrides).
+
+    Args:
+      achieved_flops: FLOP/s the probe's matmuls and convolutions reached (float32).
+      utilisation: fraction of it a train step reaches (1.0: the probe's rate).
+      copy_bandwidth: bytes/s of a memory copy (None: measured now).
+      loopback_bandwidth: bytes/s between worker processes.
+      latency_s: per step of a collective (thread hand-off, gRPC call).
+    """
+    bandwidth = copy_bandwidth if copy_bandwidth is not None else _copy_bandwidth()
+    measured = "measured on this machine by expframe.replicator.probes (float32 matmul and 3x3 conv chain)"
+    return Hardware(
+        name="cpu", kind="cpu", topology="ring", devices_per_host=1 << 30,
+        peak_flops={"fp32": achieved_flops}, memory_bytes=_memory_bytes(), memory_bandwidth=bandwidth,
+        intra_host=Link("host memory (logical replicas)", bandwidth, latency_s),
+        inter_host=Link("gRPC over loopback (workers)", loopback_bandwidth, latency_s * 10),
+        utilisation=utilisation, overlap=False, shared_compute=True,
+        sources={"peak_flops": measured, "memory": "os.sysconf (physical pages)",
+                 "interconnect": "a 64 MiB numpy copy, timed here; loopback an assumption",
+                 "utilisation": "1.0 of the probe's rate unless --utilisation (calibrate with a 1-replica run)",
+                 "latency": "assumption"})

@@ -1,0 +1,227 @@
+"""What one training step is made of, measured on this machine from the experiment itself.
+
+The experiment is built through its own gin files (the same configurables `main.py`
+builds before its first step) on one CPU replica in float32, at two small per-replica
+batches; its train step is traced through `Replicator.run` (nothing is executed), and:
+
+* FLOPs: TensorFlow's profiler (`tf.compat.v1.profiler`, `float_operation`) over the
+  traced graph, i.e. the ops' registered FLOP statistics: 2 m n k for a MatMul, 2 x
+  output elements x kernel volume x input channels for a convolution and both of its
+  gradients, one per element for element-wise ops. XLA's cost analysis is not exposed
+  by TF 2.21's Python API on CPU, so the profiler it is.
+* activation bytes: the forward tensors the backward pass reads (outputs of ops outside
+  `gradient_tape/` consumed by ops inside it), at float32;
+* parameter, gradient and slot bytes: the model's variables, the trainable ones (what
+  is all-reduced), and the optimizers' own variables.
+
+FLOPs and activations are fitted as a + b x batch from the two traces. This module
+imports TensorFlow; the planner's CLI imports it only after the flags were checked.
+"""
+
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import gin
+import tensorflow as tf
+
+from expframe import config
+from expframe.errors import ConfigError
+from expframe.plan.model import Footprint
+
+PROBE_BATCHES = (2, 4)
+# Train-split sizes of datasets whose examples the planner does not read (it builds their
+# input on mock data): ILSVRC 2012's train split (Russakovsky et al. 2015) is 1,281,167 images.
+KNOWN_TRAIN_EXAMPLES = {"imagenet_input": 1_281_167}
+
+
+def _query(binding: str, default=None):
+    try:
+        value = gin.query_parameter(binding)
+    except ValueError:
+        return default
+    if isinstance(value, gin.config.ConfigurableReference) and value.selector == "gin.macro":
+        return value.scoped_configurable_fn()
+    return value
+
+
+def experiment_settings(gin_files: Sequence[str], gin_params: Sequence[str]) -> Dict:
+    """The experiment's own settings (as its gin files and bindings give them)."""
+    gin.clear_config()
+    config.parse(list(gin_files), list(gin_params))
+    text = gin.config_str()
+    settings = {
+        "target": _query("Replicator.target", "cpu"), "num_replicas": _query("Replicator.num_replicas"),
+        "mesh_shape": _query("Replicator.mesh_shape"), "precision": _query("run_experiment.precision", "float32"),
+        "global_batch_size": _query("Trainer.global_batch_size"), "train_steps": _query("Trainer.train_steps"),
+        "steps_per_loop": _query("Trainer.steps_per_loop", 100),
+        "samples_per_insert": _query("D4PGTask.samples_per_insert"), "num_actors": _query("D4PGTask.num_actors", 0),
+        "uses": [name for name in KNOWN_TRAIN_EXAMPLES if f"{name}." in text or f"@{name}" in text],
+        "d4pg": "D4PGTask" in text, "gin_files": list(gin_files)}
+    if not settings["global_batch_size"] or not settings["train_steps"]:
+        raise ConfigError(f"{', '.join(gin_files)}: binds no Trainer.global_batch_size or Trainer.train_steps; the "
+                          "planner plans a training run (pass them with --gin_param).")
+    return settings
+
+
+def _overrides(settings: Dict) -> List[str]:
+    """Bindings that build the experiment on one CPU replica in float32, offline."""
+    if settings["target"] == "mesh":
+        out = ["Replicator.mesh_shape = {'batch': 1, 'model': 1}"]
+    else:
+        out = ["Replicator.target = 'cpu'", "Replicator.num_replicas = 1"]
+    out += ["run_experiment.precision = 'float32'", "Replicator.jit_compile = False"]
+    if "imagenet_input" in settings["uses"]:
+        out += ["imagenet_input.use_mock = True", "imagenet_input.mock_num_examples = 8"]
+    if settings["d4pg"]:
+        out += ["D4PGTask.num_actors = 0"]
+    return out
+
+
+def _built(gin_files, gin_params, settings, batch: int):
+    """(replicator, task) built as `Trainer.prepare` builds them, at global batch `batch` on one replica."""
+    from expframe.replicator import Replicator  # pylint: disable=import-outside-toplevel
+    from expframe.tasks.base import Task  # pylint: disable=import-outside-toplevel
+    gin.clear_config()
+    config.parse(list(gin_files), list(gin_params) + _overrides(settings))
+    reference = gin.query_parameter("run_experiment.task")
+    task = reference.scoped_configurable_fn() if hasattr(reference, "scoped_configurable_fn") else reference
+    if not isinstance(task, Task):
+        raise ConfigError(f"run_experiment.task must be a Task (e.g. @ClassificationTask()), got {task!r}.")
+    replicator = Replicator()
+    task.setup(replicator, batch, 0, False)
+    with replicator.scope():
+        task.build()
+    return replicator, task
+
+
+def _spec(element_spec, batch: int):
+    def one(spec):
+        shape = [batch if d is None else d for d in spec.shape]
+        return tf.TensorSpec(shape, spec.dtype)
+    return tf.nest.map_structure(one, element_spec)
+
+
+def _graph(replicator, task, batch: int) -> tf.Graph:
+    spec = _spec(task.train_input_fn(tf.distribute.InputContext()).element_spec, batch)
+    step = tf.function(lambda element: replicator.run(task.train_step, element))
+    return step.get_concrete_function(spec).graph
+
+
+def graph_flops(graph: tf.Graph) -> float:
+    """FLOPs of every op in `graph` with registered FLOP statistics (tf.compat.v1.profiler)."""
+    options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+    options["output"] = "none"
+    return float(tf.compat.v1.profiler.profile(graph, options=options).total_float_ops)
+
+
+_BACKWARD = re.compile(r"(^|/)gradient_tape/")
+
+
+def saved_activation_bytes(graph: tf.Graph) -> float:
+    """Bytes of the forward tensors the backward pass reads: outputs of ops outside
+    `gradient_tape/` consumed by an op inside it (variables' reads and constants excluded)."""
+    total = 0.0
+    for op in graph.get_operations():
+        if _BACKWARD.search(op.name) or op.type in ("Const", "ReadVariableOp", "Shape", "VarHandleOp"):
+            continue
+        for tensor in op.outputs:
+            if tensor.dtype == tf.resource or not tensor.shape.is_fully_defined():
+                continue
+            if any(_BACKWARD.search(consumer.name) for consumer in tensor.consumers()):
+                total += tensor.shape.num_elements() * tensor.dtype.size
+    return total
+
+
+def _variables_bytes(variables) -> Tuple[float, int]:
+    seen, total, count = set(), 0.0, 0
+    for v in variables:
+        key = id(v)
+        if key in seen:
+            continue
+        seen.add(key)
+        count += int(v.shape.num_elements())
+        total += int(v.shape.num_elements()) * tf.as_dtype(v.dtype).size
+    return total, count
+
+
+def variable_bytes(trackables: Dict) -> Dict[str, float]:
+    """params / grads (trainable) / slots bytes of a task's trackables: Keras models' weights,
+    and every optimizer's own variables (moments, iterations, accumulators)."""
+    import keras  # pylint: disable=import-outside-toplevel
+    models, slot_variables = [], []
+
+    def visit(obj):
+        if isinstance(obj, keras.Model):
+            models.append(obj)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                visit(value)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                visit(value)
+        elif isinstance(obj, keras.optimizers.Optimizer):
+            slot_variables.extend(obj.variables)
+        elif isinstance(getattr(obj, "optimizer", None), keras.optimizers.Optimizer):  # wrap_optimizer's wrapper
+            slot_variables.extend(obj.optimizer.variables)
+            slot_variables.extend(obj.variables)  # its own: accumulators, loss scale
+
+    visit(trackables)
+    params, count = _variables_bytes([w for m in models for w in m.weights])
+    grads, _ = _variables_bytes([w for m in models for w in m.trainable_weights])
+    slots, _ = _variables_bytes(slot_variables)
+    return {"params": params, "grads": grads, "slots": slots, "num_params": count}
+
+
+def _sync_collectives(trackables: Dict) -> int:
+    """Layers that all-reduce their batch moments each step (SyncBatchNorm and kin)."""
+    import keras  # pylint: disable=import-outside-toplevel
+    count = 0
+    for obj in tf.nest.flatten(trackables, expand_composites=False):
+        if isinstance(obj, keras.Model):
+            count += sum(1 for layer in obj._flatten_layers() if "Sync" in type(layer).__name__)  # noqa: SLF001
+    return count
+
+
+def footprint(gin_files: Sequence[str], gin_params: Sequence[str], settings: Dict,
+              probe_batches: Sequence[int] = PROBE_BATCHES) -> Tuple[Footprint, Dict]:
+    """Measures the experiment's step: (Footprint, details) with the traces' raw numbers."""
+    flops, activations, details = [], [], {"probe_batches": list(probe_batches)}
+    for batch in probe_batches:
+        replicator, task = _built(gin_files, gin_params, settings, batch)
+        graph = _graph(replicator, task, batch)
+        flops.append(graph_flops(graph))
+        activations.append(saved_activation_bytes(graph))
+    (b1, b2), (f1, f2), (a1, a2) = probe_batches, flops, activations
+    per_flops, per_act = (f2 - f1) / (b2 - b1), (a2 - a1) / (b2 - b1)
+    sizes = variable_bytes(task.trackables())
+    mesh = settings.get("mesh_shape") or {}
+    fp = Footprint(flops_fixed=max(0.0, f1 - per_flops * b1), flops_per_example=per_flops,
+                   param_bytes=sizes["params"], grad_bytes=sizes["grads"], slot_bytes=sizes["slots"],
+                   activation_bytes_fixed=max(0.0, a1 - per_act * b1), activation_bytes_per_example=per_act,
+                   num_params=sizes["num_params"], sync_collectives=_sync_collectives(task.trackables()),
+                   precision=settings["precision"], model_axis=int(mesh.get("model", 1)))
+    details.update(flops=flops, activation_bytes=activations, examples_per_epoch=_examples_per_epoch(task, settings))
+    if settings["d4pg"]:
+        details["actor_env_steps_per_s"] = actor_env_steps_per_s(task)
+    return fp, details
+
+
+def actor_env_steps_per_s(task, env_steps: int = 300) -> float:
+    """One D4PG actor's environment steps/s on this machine: the task's own synchronous
+    actor (policy network, exploration noise, environment, replay adder), timed."""
+    import time  # pylint: disable=import-outside-toplevel
+    task.actor.update(task.acting_weights())
+    task.actor.run(20)  # traces the policy
+    start = time.perf_counter()
+    task.actor.run(env_steps)
+    return env_steps / (time.perf_counter() - start)
+
+
+def _examples_per_epoch(task, settings: Dict) -> Optional[int]:
+    for name in settings["uses"]:
+        return KNOWN_TRAIN_EXAMPLES[name]
+    counter = getattr(task, "train_examples", None)
+    try:
+        return counter() if callable(counter) else None
+    except (ConfigError, tf.errors.OpError, TypeError, ValueError):
+        return None

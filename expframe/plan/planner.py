@@ -1,0 +1,121 @@
+"""Puts a plan together: the experiment's measured footprint, a device type and the
+stated inputs -> rows of predicted time, memory and scaling (see model.py)."""
+
+import statistics
+from typing import Dict, Optional, Sequence
+
+from expframe.errors import ConfigError
+from expframe.plan import catalogue, model
+from expframe.plan.catalogue import Hardware
+
+# 'auto' precision per device kind (experiment.py: the fastest measured; bfloat16 on TPU).
+_AUTO_PRECISION = {"tpu": "mixed_bfloat16", "cpu": "float32"}
+
+
+def resolve_precision(precision: str, hw: Hardware) -> str:
+    """The Keras policy a run would use on `hw`: as bound, or for 'auto' bfloat16 on a TPU,
+    16-bit on a GPU (bfloat16 where it has a bf16 peak, else float16), float32 on a CPU."""
+    if precision != "auto":
+        return precision
+    if hw.kind == "gpu":
+        return "mixed_bfloat16" if "bf16" in hw.peak_flops else "mixed_float16"
+    return _AUTO_PRECISION.get(hw.kind, "float32")
+
+
+def cpu_flops(repeats: int = 5) -> float:
+    """This machine's achieved float32 FLOP/s: the replicator's precision probe (a chain of
+    matmuls and 3x3 convolutions), its FLOPs counted by the profiler, its time the median of runs."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from expframe.plan import measure  # pylint: disable=import-outside-toplevel
+    from expframe.replicator import probes  # pylint: disable=import-outside-toplevel
+    n, batch, side, channels, chain = probes._PRECISION_SIZES["CPU"]  # noqa: SLF001  (the probe's own sizes)
+    graph = probes._chain.get_concrete_function(  # noqa: SLF001
+        tf.TensorSpec((n, n)), tf.TensorSpec((n, n)), tf.TensorSpec((batch, side, side, channels)),
+        tf.TensorSpec((3, 3, channels, channels)), chain).graph
+    flops = measure.graph_flops(graph)
+    timer = probes.precision_timer("/device:CPU:0")
+    return flops / statistics.median(timer("float32") for _ in range(repeats))
+
+
+def hardware(name: str, devices_per_host: Optional[int] = None, inter_host_gbps: Optional[float] = None,
+             latency_us: Optional[float] = None, cpu_flops_measured: Optional[float] = None) -> Hardware:
+    """The catalogue's entry (or 'cpu', measured now), with the stated overrides applied."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    if name.lower() == "cpu":
+        hw = catalogue.measured_cpu(cpu_flops_measured if cpu_flops_measured is not None else cpu_flops())
+    else:
+        hw = catalogue.published(name)
+    changes = {}
+    if devices_per_host is not None:
+        changes["devices_per_host"] = devices_per_host
+    if inter_host_gbps is not None:
+        changes["inter_host"] = dataclasses.replace(hw.inter_host, name=f"{inter_host_gbps:g} Gbit/s (stated)",
+                                                    bandwidth=inter_host_gbps * 1e9 / 8)
+    if latency_us is not None:
+        for key in ("intra_host", "inter_host"):
+            changes[key] = dataclasses.replace(changes.get(key, getattr(hw, key)), latency_s=latency_us * 1e-6)
+    return dataclasses.replace(hw, **changes) if changes else hw
+
+
+def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, devices: Sequence[int],
+              global_batch_size: Optional[int] = None, utilisation: Optional[float] = None,
+              precision: Optional[str] = None, input_us_per_example: float = 0.0, host_ms_per_call: float = 0.0,
+              actors: Optional[int] = None, actor_steps_per_s: Optional[float] = None) -> Dict:
+    """The plan (a JSON-able dict with `rows`) for each device count in `devices`."""
+    batch = global_batch_size or settings["global_batch_size"]
+    chosen = resolve_precision(precision or settings["precision"], hw)
+    st = model.Settings(utilisation=utilisation or hw.utilisation, precision=chosen,
+                        input_s_per_example=input_us_per_example * 1e-6, host_call_s=host_ms_per_call * 1e-3,
+                        steps_per_loop=settings["steps_per_loop"])
+    axis = max(1, fp.model_axis)
+    rows = []
+    for n in devices:
+        if n % axis:
+            raise ConfigError(f"--devices={n}: the experiment's mesh has a model axis of {axis}; use multiples of it.")
+        if batch % (n // axis):
+            raise ConfigError(f"--devices={n}: global batch {batch} is not divisible by {n // axis} data-parallel "
+                              "replicas; pass --global_batch_size or other device counts.")
+        row = model.plan_row(fp, hw, n, batch, st)
+        model.add_schedule(row, details.get("examples_per_epoch"), settings["train_steps"])
+        rows.append(row)
+    model.add_efficiency(rows, fp, hw, st)
+    plan = {"gin_files": settings["gin_files"], "hardware": hw.name, "precision": chosen,
+            "peak_note": hw.peak_note(chosen), "peak_flops": hw.peak(chosen), "utilisation": st.utilisation,
+            "utilisation_source": "stated (--utilisation)" if utilisation else hw.sources.get("utilisation", ""),
+            "overlap": hw.overlap, "sources": hw.sources, "train_steps": settings["train_steps"],
+            "examples_per_epoch": details.get("examples_per_epoch"), "rows": rows,
+            "input_note": (f"{input_us_per_example:g} us of host time per example, hidden by prefetch up to the "
+                           "device step" if input_us_per_example else "assumed to keep up (--input_us_per_example)"),
+            "host_note": f"{host_ms_per_call:g} ms per host call of {st.steps_per_loop} steps (--host_ms)",
+            "measured": dict(details, precision_measured="float32"), "footprint": _footprint_fields(fp)}
+    if settings.get("d4pg"):
+        plan["d4pg_lines"], plan["d4pg"] = _d4pg(plan, settings, batch, actors, actor_steps_per_s)
+    return plan
+
+
+def _footprint_fields(fp: model.Footprint) -> Dict:
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    return dataclasses.asdict(fp)
+
+
+def _d4pg(plan: Dict, settings: Dict, batch: int, actors: Optional[int], actor_steps_per_s: Optional[float]):
+    """Learner steps/s against the actors' environment steps/s (a simple, stated model): a
+    learner step needs batch / samples_per_insert new environment steps; K actors make K x
+    one actor's rate. The slower side sets the pace."""
+    k = actors if actors is not None else max(1, settings.get("num_actors") or 1)
+    rate = actor_steps_per_s or plan["measured"].get("actor_env_steps_per_s")
+    per_step = batch / (settings.get("samples_per_insert") or 1.0)
+    lines, out = [], []
+    for row in plan["rows"]:
+        learner = 1.0 / row["step_s"]
+        needed = learner * per_step
+        have = k * rate if rate else None
+        pace = min(learner, have / per_step) if have else learner
+        out.append({"devices": row["devices"], "learner_steps_per_s": learner, "env_steps_needed_per_s": needed,
+                    "actors": k, "actor_env_steps_per_s": have, "paced_learner_steps_per_s": pace})
+        side = "-" if have is None else ("actors" if have < needed else "learner")
+        lines.append(f"{row['devices']} devices, D4PG: learner {learner:,.1f} steps/s needs {needed:,.0f} environment "
+                     f"steps/s ({per_step:g} per step); {k} actor(s) make "
+                     f"{'?' if have is None else f'{have:,.0f}'}/s -> {pace:,.1f} learner steps/s, bound by {side}")
+    return lines, out

@@ -1,0 +1,93 @@
+"""The plan as a table (stdout) and as JSON (--out): one row per device count."""
+
+import json
+import math
+from typing import Dict, List, Optional
+
+COLUMNS = ("devices", "global", "per-rep", "step ms", "compute", "comm", "input", "host", "examples/s", "epoch",
+           "to last step", "params", "grads", "slots", "activ.", "total", "device", "fits", "eff.", "bottleneck")
+
+
+def duration(seconds: Optional[float]) -> str:
+    """'850 ms', '42 s', '3.5 min', '2.1 h', '4.2 d'; '-' when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def size(num_bytes: float) -> str:
+    """Bytes in GB (1e9) with 3 significant digits, MB below 0.1 GB."""
+    if num_bytes < 1e8:
+        return f"{num_bytes / 1e6:.3g} MB"
+    return f"{num_bytes / 1e9:.3g} GB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g}"
+
+
+def _cells(row: Dict) -> List[str]:
+    memory = row["memory_bytes"]
+    devices = str(row["devices"])
+    if row["model_axis"] > 1:
+        devices += f" ({row['data_axis']}x{row['model_axis']})"
+    return [devices, str(row["global_batch"]), f"{row['per_replica_batch']:g}", _ms(row["step_s"]),
+            _ms(row["compute_s"]), _ms(row["comm_s"]), _ms(row["input_s"]), _ms(row["host_s"]),
+            f"{row['examples_per_s']:,.0f}", duration(row.get("epoch_s")), duration(row.get("to_last_step_s")),
+            size(memory["params"]), size(memory["grads"]), size(memory["slots"]), size(memory["activations"]),
+            size(memory["total"]), size(memory["device"]), "yes" if row["fits"] else "NO",
+            f"{row['efficiency']:.0%}", row["bottleneck"]]
+
+
+def format_table(rows: List[Dict]) -> str:
+    """Aligned text: a header and one line per row."""
+    lines = [list(COLUMNS)] + [_cells(r) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines)
+
+
+def format_markdown(rows: List[Dict]) -> str:
+    """The same table in Markdown (for the docs)."""
+    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
+    return head + "\n".join("| " + " | ".join(_cells(r)) + " |" for r in rows)
+
+
+def notes(plan: Dict) -> List[str]:
+    """Lines printed under the table: what was assumed and what does not fit."""
+    fp = plan["footprint"]
+    out = [f"experiment: {', '.join(plan['gin_files'])}; hardware {plan['hardware']} ({plan['peak_note']}); "
+           f"precision {plan['precision']}; utilisation {plan['utilisation']:.3g} ({plan['utilisation_source']})",
+           f"measured per replica: {fp['flops_per_example'] / 1e9:.4g} GFLOP per example + "
+           f"{fp['flops_fixed'] / 1e9:.4g} GFLOP per step; {fp['num_params']:,} parameters; gradients "
+           f"{size(fp['grad_bytes'])} all-reduced per step; activations kept for backward "
+           f"{size(fp['activation_bytes_per_example'])} per example at float32 (x0.5 in mixed precision); "
+           f"{fp['sync_collectives']} SyncBatchNorm layers (2 small all-reduces each per step)",
+           f"communication overlaps compute: {'yes' if plan['overlap'] else 'no'} (TensorFlow's default loop "
+           "reduces gradients after the backward pass); steps ms = compute + comm + input + host",
+           f"input: {plan['input_note']}; host: {plan['host_note']}"]
+    if plan["hardware"] in ("v2", "v3"):
+        out.append("rows count chips: a v2/v3 chip holds 2 TensorCores, i.e. 2 TPUStrategy replicas (a v3-32 slice "
+                   "is 16 chips); per-replica batch and memory are per chip")
+    for row in plan["rows"]:
+        out.append(f"{row['devices']} devices: all-reduce {row['all_reduce']}")
+        if not row["fits"]:
+            out.append(f"{row['devices']} devices: does NOT fit: needs {size(row['memory_bytes']['total'])} per "
+                       f"device, has {size(row['memory_bytes']['device'])}: short by "
+                       f"{size(row['shortfall_bytes'])} (lower the per-replica batch or add a model axis)")
+    for line in plan.get("d4pg_lines", []):
+        out.append(line)
+    return out
+
+
+def write_json(plan: Dict, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(plan, f, indent=1, sort_keys=True)
+        f.write("\n")

@@ -1,0 +1,120 @@
+"""The planner's model (expframe/plan/model.py): all-reduce formulas against their closed
+forms, step time and memory of a plan row, scaling efficiency. Plain Python, no TensorFlow."""
+
+import math
+
+import pytest
+
+from expframe.plan import catalogue, model
+from expframe.plan.catalogue import Link
+
+LINK = Link("test", bandwidth=10e9, latency_s=1e-6)
+GB = 1e9
+
+
+def test_ring_all_reduce_is_reduce_scatter_plus_all_gather():
+    # n = 8: each device sends and receives 2 x 7/8 of the bytes, in 2 x 7 latency-bound steps.
+    assert model.ring_all_reduce_s(GB, 8, LINK) == pytest.approx(2 * 7 / 8 * 0.1 + 14e-6)
+    assert model.ring_all_reduce_s(GB, 1, LINK) == 0.0
+    # Bandwidth term tends to 2 x bytes / bandwidth for large rings.
+    assert model.ring_all_reduce_s(GB, 10_000, Link("x", 10e9, 0.0)) == pytest.approx(0.2, rel=1e-3)
+
+
+def test_hierarchical_all_reduce_adds_a_ring_over_hosts_at_the_host_network():
+    inter = Link("net", bandwidth=5e9, latency_s=1e-5)
+    # 8 devices per host, 4 hosts: ring of 8 on LINK + 2 x 3/4 x bytes / 5 GB/s + 2 x 3 x 10 us.
+    expected = (2 * 7 / 8 * 0.1 + 14e-6) + (2 * 3 / 4 * GB / 5e9 + 6e-5)
+    assert model.hierarchical_all_reduce_s(GB, 8, 4, LINK, inter) == pytest.approx(expected)
+    assert model.hierarchical_all_reduce_s(GB, 8, 1, LINK, inter) == model.ring_all_reduce_s(GB, 8, LINK)
+
+
+@pytest.mark.parametrize("n, ndim, shape", [(256, 2, (16, 16)), (32, 2, (8, 4)), (8, 2, (4, 2)), (64, 3, (4, 4, 4)),
+                                            (512, 3, (8, 8, 8)), (7, 2, (7, 1)), (1, 3, (1, 1, 1))])
+def test_torus_dims_are_balanced(n, ndim, shape):
+    assert model.torus_dims(n, ndim) == shape
+
+
+def test_torus_all_reduce_is_bandwidth_optimal_with_a_ring_latency_per_dimension():
+    # 16 x 16: 2 x 255/256 x bytes / B + 2 x (15 + 15) x latency.
+    assert model.torus_all_reduce_s(GB, (16, 16), LINK) == pytest.approx(2 * 255 / 256 * 0.1 + 60e-6)
+    # Google's per-pod all-reduce bandwidth of a v3 pod, 340 TB/s over 1,024 chips, is the catalogue's per-chip link.
+    v3 = catalogue.published("v3")
+    assert v3.inter_host.bandwidth * 1024 == pytest.approx(340e12, rel=0.01)
+
+
+def test_small_all_reduce_is_a_tree():
+    assert model.small_all_reduce_s(256, LINK) == pytest.approx(2 * 8 * 1e-6)
+    assert model.small_all_reduce_s(1, LINK) == 0.0
+
+
+def test_gradient_all_reduce_picks_the_targets_algorithm():
+    a100 = catalogue.published("a100")
+    seconds, algorithm, _ = model.gradient_all_reduce(a100, 8, GB)
+    assert algorithm.startswith("ring over 8") and seconds == model.ring_all_reduce_s(GB, 8, a100.intra_host)
+    seconds, algorithm, _ = model.gradient_all_reduce(a100, 32, GB)
+    assert algorithm.startswith("hierarchical")
+    assert seconds == pytest.approx(model.hierarchical_all_reduce_s(GB, 8, 4, a100.intra_host, a100.inter_host))
+    v4 = catalogue.published("v4")
+    seconds, algorithm, _ = model.gradient_all_reduce(v4, 64, GB)
+    assert algorithm == "3-D torus 4x4x4"
+    assert seconds == pytest.approx(model.torus_all_reduce_s(GB, (4, 4, 4), v4.inter_host))
+    v5e = catalogue.published("v5e")  # beyond a 256-chip pod: a ring over DCN between slices
+    seconds, algorithm, _ = model.gradient_all_reduce(v5e, 512, GB)
+    inside = model.torus_all_reduce_s(GB, (16, 16), v5e.inter_host)
+    across = model.ring_all_reduce_s(GB * 8 / 256, 2, v5e.multi_slice)
+    assert "2 slices" in algorithm and seconds == pytest.approx(inside + across)
+
+
+FP = model.Footprint(flops_fixed=1e9, flops_per_example=10e9, param_bytes=4e8, grad_bytes=4e8, slot_bytes=8e8,
+                     activation_bytes_fixed=0.0, activation_bytes_per_example=1e8, num_params=10**8)
+
+
+def test_plan_row_step_time_and_memory():
+    hw = catalogue.published("a100")
+    st = model.Settings(utilisation=0.5, precision="mixed_bfloat16")
+    row = model.plan_row(FP, hw, 16, 512, st)
+    assert row["per_replica_batch"] == 32
+    assert row["compute_s"] == pytest.approx((1e9 + 10e9 * 32) / (312e12 * 0.5))
+    assert row["comm_s"] == pytest.approx(model.hierarchical_all_reduce_s(4e8, 8, 2, hw.intra_host, hw.inter_host))
+    assert row["step_s"] == pytest.approx(row["compute_s"] + row["comm_s"])
+    assert row["examples_per_s"] == pytest.approx(512 / row["step_s"])
+    memory = row["memory_bytes"]
+    assert memory["activations"] == pytest.approx(32 * 1e8 * 0.5)  # 16-bit activations
+    assert memory["total"] == pytest.approx(4e8 + 4e8 + 8e8 + 1.6e9) and row["fits"]
+
+
+def test_a_plan_that_does_not_fit_names_its_shortfall():
+    hw = catalogue.published("v5e")  # 16 GB
+    row = model.plan_row(FP, hw, 1, 512, model.Settings(utilisation=0.3, precision="float32"))
+    need = 4e8 + 4e8 + 8e8 + 512 * 1e8
+    assert not row["fits"] and row["bottleneck"] == "memory"
+    assert row["shortfall_bytes"] == pytest.approx(need - 16e9)
+
+
+def test_efficiency_against_one_device_at_the_same_per_replica_batch():
+    hw = catalogue.published("v100")
+    st = model.Settings(utilisation=0.3, precision="mixed_float16")
+    rows = [model.plan_row(FP, hw, n, 32 * n, st) for n in (1, 8, 64)]
+    model.add_efficiency(rows, FP, hw, st)
+    assert rows[0]["efficiency"] == pytest.approx(1.0)
+    for row in rows[1:]:
+        assert row["efficiency"] == pytest.approx(rows[0]["step_s"] / row["step_s"])
+        assert row["efficiency"] < 1.0
+
+
+def test_shared_compute_logical_cpu_replicas_do_not_add_compute():
+    cpu = catalogue.measured_cpu(achieved_flops=1e11, copy_bandwidth=5e9)
+    st = model.Settings(utilisation=1.0, precision="float32")
+    one, four = (model.plan_row(FP, cpu, n, 8, st) for n in (1, 4))
+    # The same global batch on one pool of cores: the same compute, plus 4 replicas' fixed cost.
+    assert four["compute_s"] == pytest.approx((4 * 1e9 + 8 * 10e9) / 1e11)
+    assert one["compute_s"] == pytest.approx((1e9 + 8 * 10e9) / 1e11)
+    assert four["comm_s"] == pytest.approx(model.ring_all_reduce_s(4e8, 4, cpu.intra_host))
+
+
+def test_schedule_columns():
+    row = {"examples_per_s": 1000.0, "step_s": 0.5}
+    model.add_schedule(row, 1_281_167, 112_590)
+    assert row["epoch_s"] == pytest.approx(1281.167) and row["to_last_step_s"] == pytest.approx(56_295)
+    model.add_schedule(row, None, 10)
+    assert row["epoch_s"] is None and math.isclose(row["to_last_step_s"], 5.0)
