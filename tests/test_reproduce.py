@@ -195,6 +195,7 @@ def test_a_study_stopped_and_resumed_is_recorded_over_its_sittings(tmp_path, mon
     work, out = str(tmp_path / "work"), str(tmp_path / "docs")
     result = registry.SNGAN_BATCH
     monkeypatch.setattr(running, "signature", lambda result, quick: "sig-a")
+    monkeypatch.setattr(running.provenance, "cores", lambda: 2)  # the machine each sitting records
     load = [0.5, 0.4, 0.3]
     monkeypatch.setattr(running.provenance, "load_average", lambda: list(load))
 
@@ -234,7 +235,73 @@ def test_a_study_stopped_and_resumed_is_recorded_over_its_sittings(tmp_path, mon
     assert re.search(r"  1\. \S+ to \S+, 0\.0 min, stopped; load average 0\.50 at the start, 1\.20 at the end", section)
     assert re.search(r"  2\. \S+ to \S+, 0\.0 min, complete; load average 2\.50 at the start, 1\.50 at the end",
                      section)
-    assert page._quiet(rec) == "**no**"  # pylint: disable=protected-access  # the second began at 2.5
+    ok, busy = page.quiet(rec)  # the second began at 2.5 on 2 cores (the first at 0.5 is quiet)
+    assert ok is False and [b for b in busy if b.startswith("load")] == ["load 2.50 at the start on 2 cores"]
+
+
+def _judged(cores=2, start=(0.5,), end=0.5, other=0.03):
+    rec = dict(_provenance("quickstart", False), load_average_end=[end, 0.4, 0.3], other_cores=other)
+    rec["machine"] = dict(rec["machine"], cores=cores)
+    sittings = [dict(load_average_start=[s, 0.4, 0.3], machine=rec["machine"]) for s in start]
+    if len(sittings) > 1:
+        rec["sittings"] = sittings
+    else:
+        rec["load_average_start"] = sittings[0]["load_average_start"]
+    return page._quiet(rec)  # pylint: disable=protected-access
+
+
+def test_quiet_is_judged_by_the_core_count_and_by_the_other_processes():
+    """Issue 30: a fixed load of 2 whatever the cores, and `other_cores` ignored, called the
+    pixel record (other processes using 0.56 of 2 cores) quiet."""
+    assert _judged(cores=2, start=(0.98,), end=0.93, other=0.56) == "**no**: other processes used 0.56 of 2 cores"
+    assert _judged(cores=2, start=(0.97,), end=0.94, other=0.03) == "yes"
+    assert _judged(cores=2, other=0.25) == "**no**: other processes used 0.25 of 2 cores"  # the threshold
+    assert _judged(cores=2, other=0.24) == "yes"
+    assert _judged(cores=16, start=(3.0,), end=2.5, other=1.5) == "yes"  # 3 of 16 cores busy at most
+    assert _judged(cores=1, start=(1.5,), end=0.4) == "**no**: load 1.50 at the start on 1 cores"
+    assert _judged(cores=2, start=(0.5, 2.2), end=2.0, other=0.6) == (
+        "**no**: load 2.20 at the start on 2 cores; load 2.00 at the end on 2 cores; other processes used 0.60 of "
+        "2 cores")
+    assert _judged(other=None) == "unknown" and _judged(other=None, end=5.0).startswith("**no**: load 5.00")
+    assert page.quiet_rule() == ("the 1-minute load average under the core count at the start of each sitting and "
+                                 "at the end, and other processes using under 12.5% of the cores on average while "
+                                 "it ran (0.25 of 2)")
+
+
+def test_page_commands_name_the_default_work_dir_not_the_machines(tmp_path):
+    """Issue 31: the committed page showed one machine's absolute work directory
+    (/work/runs/...) in every command; it shows where the page's own command puts the runs."""
+    work, out = str(tmp_path / "abs" / "work"), str(tmp_path / "docs")
+    model_dir = os.path.join(work, "quickstart", "seed=0")
+    quickstart = dict(_provenance("quickstart", False), kind="experiment", passed=True, commands=[
+        f"python main.py --gin_file=experiments/quickstart.gin --model_dir={model_dir} --mode=train_and_eval",
+        f"python -m expframe.reproduce.baseline --out={model_dir}/initial_eval.json --gin_file=x.gin"],
+        runs=[{"run": "seed=0", "status": "ok", "step": 2, "final": {"top1": 0.5, "loss": 1.0}, "model_dir": model_dir,
+               "thresholds": []}])
+    bench = dict(_provenance("collectives", False), kind="benchmark", rows=[{"what": "x", "value": 1.0, "goal": ""}],
+                 commands=[f"python benchmarks/collectives.py --out={work}/collectives/collectives.running.json"])
+    inside = os.path.join(running.REPO, "runs", "elsewhere")  # running.shown made it relative to the repository
+    study = dict(_provenance("sngan_batch", False), kind="study", runs=[
+        dict(_study_run(16, 0.001, 0, 9.0, 0.3), model_dir=os.path.join(inside, "sngan_batch", "a"))],
+        commands=["python main.py --gin_file=experiments/sngan_shapes.gin --model_dir=runs/elsewhere/sngan_batch/a"])
+    for rec in (quickstart, bench, study):
+        os.makedirs(os.path.join(work, running.RECORDS), exist_ok=True)
+        with open(running.record_path(work, rec["name"]), "w", encoding="utf-8") as f:
+            json.dump(rec, f)
+    commands = {r.name: f"python -m expframe.reproduce --set={registry.set_of(r)} --only={r.name}"
+                for r in registry.ALL}
+    text = open(page.write(work, out, False, registry.ALL, commands, []), encoding="utf-8").read()
+    sections = _sections(text)
+    assert ("    python main.py --gin_file=experiments/quickstart.gin --model_dir=runs/reproduce/quickstart/seed=0 "
+            "--mode=train_and_eval\n") in sections["quickstart"]
+    assert "    python -m expframe.reproduce.baseline --out=runs/reproduce/quickstart/seed=0/initial_eval.json " \
+           "--gin_file=x.gin\n" in sections["quickstart"]
+    assert "    python benchmarks/collectives.py --out=runs/reproduce/collectives/collectives.running.json\n" in \
+        sections["collectives"]
+    assert "--model_dir=runs/reproduce/sngan_batch/a\n" in sections["sngan_batch"]
+    assert str(tmp_path) not in text and "runs/elsewhere" not in text
+    assert page.shown_commands(dict(quickstart, quick=True))[0].endswith(
+        "--model_dir=runs/reproduce_quick/quickstart/seed=0 --mode=train_and_eval")
 
 
 # -- --set=quick end to end -------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def _main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return ConfigError.exit_code
-    work = args.work_dir or os.path.join("runs", "reproduce_quick" if quick else "reproduce")
+    work = args.work_dir or page.work_dir(quick)
     out = args.out or (work if quick else "docs")
     settle_s = args.settle_s if args.settle_s is not None else (0.0 if quick else 120.0)
     if args.list:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import statistics
 from typing import Optional, Sequence
@@ -50,13 +51,83 @@ def _commit(rec: dict) -> str:
     return f"`{rec['commit'][:12]}`" + (" with uncommitted changes" if rec["dirty"] else "")
 
 
+# A result is quiet when nothing else competed for the machine while it ran: at the start
+# of every sitting and at the end the 1-minute load average was under the cores the run
+# could use (recorded with the machine: its CPU affinity), and other processes used
+# under this share of those cores on average (`other_cores`, measured from /proc/stat).
+QUIET_LOAD_PER_CORE = 1.0
+QUIET_OTHER_SHARE = 0.125  # 0.25 of 2 cores
+
+
+def quiet_rule() -> str:
+    """The rule `quiet` applies, in words."""
+    load = "the core count" if QUIET_LOAD_PER_CORE == 1 else f"{QUIET_LOAD_PER_CORE:g} x the core count"
+    return (f"the 1-minute load average under {load} at the start of each sitting and at the end, and other "
+            f"processes using under {QUIET_OTHER_SHARE:.1%} of the cores on average while it ran "
+            f"({2 * QUIET_OTHER_SHARE:g} of 2)")
+
+
+def quiet(rec: dict) -> tuple[Optional[bool], list[str]]:
+    """Whether the machine was quiet while `rec` ran (None: unknown), and what made it busy.
+
+    Judged at the start of every sitting (a stopped sitting's end is not: it is read as
+    its own runs stop, unsettled), at the end, and by the other processes' average cores,
+    each against the cores the sitting or the record was made with."""
+    busy, unknown = [], False
+
+    def cores(where: dict) -> Optional[int]:
+        value = (where.get("machine") or {}).get("cores")
+        return value if isinstance(value, int) and value > 0 else None
+
+    checks = [(s.get("load_average_start"), cores(s), "at the start") for s in rec.get("sittings", [rec])]
+    checks.append((rec.get("load_average_end"), cores(rec), "at the end"))
+    for load, n, when in checks:
+        if not load or n is None:
+            unknown = True
+        elif load[0] >= QUIET_LOAD_PER_CORE * n:
+            busy.append(f"load {load[0]:.2f} {when} on {n} cores")
+    other, n = rec.get("other_cores"), cores(rec)
+    if other is None or n is None:
+        unknown = True
+    elif other >= QUIET_OTHER_SHARE * n:
+        busy.append(f"other processes used {other:.2f} of {n} cores")
+    return (False if busy else None if unknown else True), busy
+
+
 def _quiet(rec: dict) -> str:
-    """Whether the load average was under 2 at the start (of every sitting) and the end.
-    A stopped sitting's end is not judged: it is read as its own runs stop, unsettled."""
-    loads = [s["load_average_start"] for s in rec.get("sittings", [rec])] + [rec["load_average_end"]]
-    if any(not load for load in loads):
-        return "unknown"
-    return "yes" if all(load[0] < 2 for load in loads) else "**no**"
+    """`yes`, `unknown`, or `**no**: <what made the machine busy>`."""
+    ok, busy = quiet(rec)
+    return "yes" if ok else "unknown" if ok is None else "**no**: " + "; ".join(busy)
+
+
+def work_dir(quick: bool) -> str:
+    """`python -m expframe.reproduce`'s default work directory, relative to the repository."""
+    return os.path.join("runs", "reproduce_quick" if quick else "reproduce")
+
+
+def _recorded_work(rec: dict) -> Optional[str]:
+    """The work directory `rec` was made in, as its runs and commands name it
+    (`<work>/<result>/<run>`)."""
+    for run in rec.get("runs") or []:
+        if run.get("model_dir"):
+            return os.path.dirname(os.path.dirname(os.path.normpath(run["model_dir"])))
+    found = re.search(rf"(?:^|[\s='\"])([^\s='\"]+)/{re.escape(rec['name'])}/", "\n".join(rec["commands"]))
+    return found.group(1) if found else None
+
+
+def shown_commands(rec: dict) -> list[str]:
+    """`rec`'s commands with its work directory written as the default one (`runs/reproduce/<result>/...`),
+    where a reader who runs the page's `python -m expframe.reproduce` command finds them: the page shows no
+    machine's absolute paths."""
+    work = _recorded_work(rec)
+    if not work:
+        return list(rec["commands"])
+    names = {work}
+    if work.startswith(running.REPO + os.sep):  # running.shown wrote these relative to the repository
+        names.add(os.path.relpath(work, running.REPO))
+    pattern = re.compile(r"(?:^|(?<=[\s='\"]))(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+                         + r")(?=/)")
+    return [pattern.sub(work_dir(bool(rec.get("quick"))), c) for c in rec["commands"]]
 
 
 def _sitting_line(i: int, s: dict) -> str:
@@ -124,7 +195,7 @@ def _experiment(result: registry.Experiment, rec: dict, images: str, out_dir: st
         lines += ["", "At initialisation (untrained model, same evaluation): "
                   + "; ".join(", ".join(f"{k} {_number(v)}" for k, v in sorted(i.items()) if k != "command")
                               for i in initial)]
-    lines += ["", "Commands:", ""] + [f"    {c}" for c in rec["commands"]] + [""]
+    lines += ["", "Commands:", ""] + [f"    {c}" for c in shown_commands(rec)] + [""]
     lines += _provenance_lines(rec)
     image = _curves(rec, os.path.join(out_dir, IMAGES, f"{result.name}.png"))
     if image:
@@ -246,7 +317,7 @@ def _study(result: registry.StudyResult, rec: dict, images: str, out_dir: str) -
     _study_plot(result, arms, os.path.join(out_dir, IMAGES, f"{result.name}.png"))
     lines += ["", f"![{result.name}]({images}/{result.name}.png)", "", "Commands (one `main.py` run each; "
               f"together `python -m expframe.sweep --study={result.study_file}`):", ""]
-    lines += [f"    {c}" for c in rec["commands"]] + [""] + _provenance_lines(rec)
+    lines += [f"    {c}" for c in shown_commands(rec)] + [""] + _provenance_lines(rec)
     return lines
 
 
@@ -255,7 +326,7 @@ def _study(result: registry.StudyResult, rec: dict, images: str, out_dir: str) -
 def _benchmark(result: registry.Benchmark, rec: dict) -> list[str]:
     lines = ["| what | value | goal |", "|---|---|---|"]
     lines += [f"| {r['what']} | {_number(r['value'])} | {r['goal'] or '-'} |" for r in rec["rows"]]
-    lines += ["", "Command:", ""] + [f"    {c}" for c in rec["commands"]] + [""] + _provenance_lines(rec)
+    lines += ["", "Command:", ""] + [f"    {c}" for c in shown_commands(rec)] + [""] + _provenance_lines(rec)
     return lines
 
 
@@ -313,10 +384,10 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
                   "The numbers mean nothing.**", ""]
     if pending:
         lines += [f"**{len(pending)} of {len(results)} results are pending**: each names the command that produces "
-                  "it; run it on a quiet machine (load average under 2).", ""]
-    lines += list(set_lines) + ["", "## Summary", "",
+                  "it; run it on a quiet machine (see Quiet, under Summary).", ""]
+    lines += list(set_lines) + ["", "## Summary", "", f"Quiet: {quiet_rule()}.", "",
                                 "| result | number | threshold (slow test) | passed | date | load at start / end "
-                                "(quiet: < 2) | wall time |", "|---|---|---|---|---|---|---|"]
+                                "(quiet) | wall time |", "|---|---|---|---|---|---|---|"]
     sittings = {r.name: running.read_sittings(work, r.name) for r in results}
     lines += [_summary_row(r, records.get(r.name), commands[r.name], sittings[r.name]) for r in results]
     for result in results:
