@@ -19,7 +19,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from expframe import gin_paths
+from expframe import gin_paths, tf_noise
 from expframe.atomic_files import write_json
 from expframe.errors import ConfigError
 from expframe.sweep import plots, runner, slurm, spec, summary
@@ -89,6 +89,15 @@ def _report(study: spec.Study, root: str, command: str, config_texts: dict) -> i
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the command; returns its exit status. TensorFlow's start-up notices (the
+    study process imports it to validate the study) are hidden as main.py hides them
+    (expframe/tf_noise.py); every other line passes."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as main.py; the runs inherit it
+    with tf_noise.quiet_start():
+        return _main(argv)
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     command = shlex.join([_PROG.split()[0], "-m", "expframe.sweep"] + argv)

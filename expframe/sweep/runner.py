@@ -26,12 +26,12 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
+from expframe import processes, tf_noise
 from expframe.atomic_files import write_json
 from expframe.sweep.spec import Run, Study
 
@@ -57,8 +57,8 @@ def available_cores() -> int:
 
 def worker_count(parallel: int, cores: int) -> tuple[int, int]:
     """(processes, intra-op threads each) for `parallel` requested runs on `cores`."""
-    processes = max(1, min(parallel, cores))
-    return processes, max(1, cores // processes)
+    at_once = max(1, min(parallel, cores))
+    return at_once, max(1, cores // at_once)
 
 
 def command(study: Study, run: Run, root: str, mode: str = "train_and_eval",
@@ -155,30 +155,27 @@ def _say(line: str) -> None:
 class _Attempt:
     """One main.py process: its output goes to the run's log and, prefixed, to stdout."""
 
-    def __init__(self, run: Run, argv: list[str], env: Mapping[str, str], root: str, label: str, echo: bool):
-        self.run, self.root, self.label, self.echo = run, root, label, echo
+    def __init__(self, owner: processes.Owner, run: Run, argv: list[str], env: Mapping[str, str], root: str,
+                 label: str, echo: bool):
+        self.owner, self.run, self.root, self.label, self.echo = owner, run, root, label, echo
         self.lines: list[str] = []
         self.stopped_by: Optional[int] = None  # the signal this study forwarded to it
         self.started_at = time.time()
         self.log = open(os.path.join(root, LOGS, f"{run.name}.log"), "a", encoding="utf-8")  # pylint: disable=consider-using-with
         self.log.write(f"=== {datetime.datetime.now().isoformat(timespec='seconds')}: {' '.join(argv)}\n")
         self.log.flush()
-        # Its own session: a Ctrl-C reaches this process only, which forwards it once
-        # (main.py takes a second signal as "stop now, no checkpoint").
-        self.popen = subprocess.Popen(argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, errors="replace",
-                                      start_new_session=True)
-        self.reader = threading.Thread(target=self._pump, daemon=True)
-        self.reader.start()
+        # Its own session (processes.Owner): a Ctrl-C reaches this process only, which
+        # forwards it once (main.py takes a second signal as "stop now, no checkpoint").
+        self.child = owner.start(argv, run.name, env=env, on_line=self._on_line)
+        self.popen = self.child.popen
 
-    def _pump(self) -> None:
-        for line in self.popen.stdout:
-            line = line.rstrip("\n")
-            self.lines = self.lines[-200:] + [line]
-            self.log.write(line + "\n")
-            self.log.flush()
-            if self.echo and not _TF_LOG_LINE.match(line):
-                _say(f"{self.label} {line}")
+    def _on_line(self, child: processes.Child, raw: bytes) -> None:  # pylint: disable=unused-argument
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        self.lines = self.lines[-200:] + [line]
+        self.log.write(line + "\n")
+        self.log.flush()
+        if self.echo and not _TF_LOG_LINE.match(line) and not tf_noise.is_noise(line):
+            _say(f"{self.label} {line}")
 
     def has_started_training(self) -> bool:
         """Whether the run is past its set-up: it wrote config.gin (main.py does so once
@@ -194,15 +191,12 @@ class _Attempt:
 
     def signal(self, signum: int) -> None:
         self.stopped_by = self.stopped_by or signum
-        try:
-            os.killpg(self.popen.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self.child.signal(signum)
 
     def finish(self) -> dict:
-        """Waits for the process; appends this attempt to the run's record; returns it."""
-        code = self.popen.wait()
-        self.reader.join(timeout=5.0)
+        """Waits for the process (and whatever it left in its group); appends this
+        attempt to the run's record; returns it."""
+        code = self.owner.reap(self.child)
         self.log.close()
         error = last_error(self.lines) if code > 0 else ""
         if code < 0:
@@ -265,18 +259,19 @@ def run_study(study: Study, root: str, config_texts: Optional[Mapping[str, str]]
         _say(f"[{run.index + 1}/{len(runs)}] {run.name}: stale, not started: its parsed_config.gin is not this "
              f"study's configuration (a gin file or binding changed since it ran), so main.py would refuse to "
              f"resume it; rerun with --move_stale to move the old run aside and start afresh")
-    processes, threads = worker_count(parallel, available_cores())
+    at_once, threads = worker_count(parallel, available_cores())
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if parallel > 1:
         env.setdefault(INTRA_OP_ENV, str(threads))
-        if parallel > processes:
-            _say(f"--parallel={parallel} capped at {processes}: this machine has {available_cores()} core(s)")
+        if parallel > at_once:
+            _say(f"--parallel={parallel} capped at {at_once}: this machine has {available_cores()} core(s)")
     if todo:
-        _say(f"study '{study.name}': {len(todo)} of {len(runs)} run(s) to do, {processes} at a time"
+        _say(f"study '{study.name}': {len(todo)} of {len(runs)} run(s) to do, {at_once} at a time"
              + (f", {env[INTRA_OP_ENV]} intra-op thread(s) each" if parallel > 1 else "") + f"; logs in "
              f"{os.path.join(root, LOGS)}")
     received: list[int] = []
     running: list[_Attempt] = []
+    owner = processes.Owner("expframe.sweep")
 
     def on_signal(signum, frame):  # pylint: disable=unused-argument
         received.append(signum)
@@ -292,14 +287,14 @@ def run_study(study: Study, root: str, config_texts: Optional[Mapping[str, str]]
         first = None
         while (todo and not received) or running:
             gate_open = first is None or first.has_started_training()
-            while todo and not received and len(running) < processes and gate_open:
+            while todo and not received and len(running) < at_once and gate_open:
                 run = todo.pop(0)
                 label = f"[{run.index + 1}/{len(runs)}]"
                 _say(f"{label} {run.name}: starting")
-                attempt = _Attempt(run, command(study, run, root, mode, main_py), env, root, label, echo)
+                attempt = _Attempt(owner, run, command(study, run, root, mode, main_py), env, root, label, echo)
                 running.append(attempt)
                 first = first or attempt
-                gate_open = processes == 1 or attempt is not first
+                gate_open = at_once == 1 or attempt is not first
             for attempt in [a for a in running if a.popen.poll() is not None]:
                 running.remove(attempt)
                 result = outcome[attempt.run.name] = attempt.finish()
@@ -315,6 +310,7 @@ def run_study(study: Study, root: str, config_texts: Optional[Mapping[str, str]]
         for attempt in running:  # only on an exception above: never leave orphans.
             attempt.signal(signal.SIGKILL)
             attempt.finish()
+        owner.close(grace_s=1.0)
     if received:
         _say(f"study '{study.name}': stopped by {signal.Signals(received[0]).name}; "
              f"{len(todo)} run(s) not started. Rerun the same command to continue.")

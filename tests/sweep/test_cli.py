@@ -4,12 +4,14 @@ through the real main.py, resumed, with a failing run; config errors; --emit."""
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 from PIL import Image
 
+from expframe import tf_noise
 from expframe.sweep import __main__ as cli
 from expframe.sweep import plots, runner, summary
 from tests import main_runner as mr
@@ -48,9 +50,18 @@ def _assert_png(path):
 def test_quickstart_study_runs_resumes_and_records_a_failure(tmp_path, capsys):
     root = str(tmp_path / "study")
     argv = [f"--study={STUDY}", f"--study_dir={root}", "--parallel=2"] + TINY
+    env = mr.env(os.environ["TFDS_DATA_DIR"])
+    env.pop("TF_CPP_MIN_LOG_LEVEL")  # as a user's shell
     first = subprocess.run([sys.executable, "-m", "expframe.sweep"] + argv, cwd=mr.ROOT,
-                           env=mr.env(os.environ["TFDS_DATA_DIR"]), capture_output=True, text=True, timeout=600)
+                           env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 1, first.stdout + first.stderr  # one run failed; the other finished
+    # As quiet as main.py: none of TensorFlow's start-up lines (the old command printed
+    # the absl banner, cuda and CPU-instruction notices from its own import of TensorFlow).
+    noise = [line for line in (first.stdout + first.stderr).splitlines()
+             if tf_noise.is_noise(line) or re.match(r"^(\[\d+/\d+\] )?[IWEF]\d{4} ", line)]
+    assert noise == [], noise
+    assert first.stderr.splitlines() == [f"error: 1 of 2 run(s) not ok: 1 failed ({FAILING_RUN}): see their logs in "
+                                         f"{os.path.join(root, 'logs')}."], first.stderr
     processes, threads = runner.worker_count(2, runner.available_cores())
     assert f"2 of 2 run(s) to do, {processes} at a time, {threads} intra-op thread(s) each" in first.stdout
 
