@@ -50,6 +50,7 @@ class Hardware:
       shared_compute: True when every replica shares one pool of compute (logical CPU
         replicas): the step's compute time is then that of the whole global batch.
       sources: where each value comes from (text).
+      per_op_s: host time to dispatch one op of the step (TensorFlow's executor).
     """
     name: str
     kind: str
@@ -66,6 +67,7 @@ class Hardware:
     multi_slice: Optional[Link] = None
     pod_devices: Optional[int] = None
     shared_compute: bool = False
+    per_op_s: float = 0.0
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s at a Keras precision policy; a TPU runs float32 matmuls at its bf16 rate
@@ -116,7 +118,7 @@ def published(name: str) -> Hardware:
                 intra_host=_link(entry["intra_host"]), inter_host=_link(entry["inter_host"]),
                 multi_slice=_link(entry["multi_slice"]) if "multi_slice" in entry else None,
                 pod_devices=entry.get("pod_devices"), utilisation=float(entry["utilisation"]),
-                overlap=bool(entry["overlap"]), sources=sources)
+                overlap=bool(entry["overlap"]), sources=sources, per_op_s=float(entry.get("per_op_us", 0.0)) * 1e-6)
     raise ConfigError(f"--hardware={name!r} is not in the catalogue (expframe/plan/hardware.json); use one of "
                       f"{', '.join(names())}.")
 
@@ -145,7 +147,7 @@ def _copy_bandwidth(size_bytes: int = 64 << 20, repeats: int = 3) -> float:
 
 
 def measured_cpu(achieved_flops: float, utilisation: float = 1.0, copy_bandwidth: Optional[float] = None,
-                 loopback_bandwidth: float = 1e9, latency_s: float = 5e-5) -> Hardware:
+                 loopback_bandwidth: float = 1e9, latency_s: float = 5e-5, per_op_s: float = 0.0) -> Hardware:
     """'This machine': its achieved FLOP/s (from `measure.cpu_flops`, the replicator's
     precision probe) as the peak, its memory, and a copy's bandwidth as the link between
     logical replicas. Loopback workers talk over gRPC on 127.0.0.1 (`loopback_bandwidth`,
@@ -157,6 +159,7 @@ def measured_cpu(achieved_flops: float, utilisation: float = 1.0, copy_bandwidth
       copy_bandwidth: bytes/s of a memory copy (None: measured now).
       loopback_bandwidth: bytes/s between worker processes.
       latency_s: per step of a collective (thread hand-off, gRPC call).
+      per_op_s: the executor's time per op (`planner.cpu_per_op_s`, measured).
     """
     bandwidth = copy_bandwidth if copy_bandwidth is not None else _copy_bandwidth()
     measured = "measured on this machine by expframe.replicator.probes (float32 matmul and 3x3 conv chain)"
@@ -165,8 +168,8 @@ def measured_cpu(achieved_flops: float, utilisation: float = 1.0, copy_bandwidth
         peak_flops={"fp32": achieved_flops}, memory_bytes=_memory_bytes(), memory_bandwidth=bandwidth,
         intra_host=Link("host memory (logical replicas)", bandwidth, latency_s),
         inter_host=Link("gRPC over loopback (workers)", loopback_bandwidth, latency_s * 10),
-        utilisation=utilisation, overlap=False, shared_compute=True,
+        utilisation=utilisation, overlap=False, shared_compute=True, per_op_s=per_op_s,
         sources={"peak_flops": measured, "memory": "os.sysconf (physical pages)",
                  "interconnect": "a 64 MiB numpy copy, timed here; loopback an assumption",
                  "utilisation": "1.0 of the probe's rate unless --utilisation (calibrate with a 1-replica run)",
-                 "latency": "assumption"})
+                 "latency": "assumption", "per_op": "measured: a traced chain of small ops, timed"})

@@ -114,12 +114,22 @@ def graph_flops(graph: tf.Graph) -> float:
     return float(tf.compat.v1.profiler.profile(graph, options=options).total_float_ops)
 
 
+_NOT_RUN = ("Const", "NoOp", "Placeholder", "VarHandleOp", "Identity", "Shape")
+
+
+def graph_ops(graph: tf.Graph) -> int:
+    """Ops the executor dispatches per step (constants, placeholders and identities left out;
+    Grappler's fusions at run time make the real count somewhat lower)."""
+    return sum(1 for op in graph.get_operations() if op.type not in _NOT_RUN)
+
+
 _BACKWARD = re.compile(r"(^|/)gradient_tape/")
 
 
 def saved_activation_bytes(graph: tf.Graph) -> float:
     """Bytes of the forward tensors the backward pass reads: outputs of ops outside
-    `gradient_tape/` consumed by an op inside it (variables' reads and constants excluded)."""
+    `gradient_tape/` consumed by an op inside it, the step's inputs included (variables'
+    reads and constants excluded: parameters are counted apart)."""
     total = 0.0
     for op in graph.get_operations():
         if _BACKWARD.search(op.name) or op.type in ("Const", "ReadVariableOp", "Shape", "VarHandleOp"):
@@ -145,10 +155,11 @@ def _variables_bytes(variables) -> Tuple[float, int]:
 
 
 def variable_bytes(trackables: Dict) -> Dict[str, float]:
-    """params / grads (trainable) / slots bytes of a task's trackables: Keras models' weights,
-    and every optimizer's own variables (moments, iterations, accumulators)."""
+    """params / grads / slots bytes of a task's trackables: Keras models' weights (tf.Module
+    models' variables), the variables the optimizers update (their gradients are what is
+    all-reduced), and every optimizer's own variables (moments, iterations, accumulators)."""
     import keras  # pylint: disable=import-outside-toplevel
-    models, slot_variables = [], []
+    models, modules, slot_variables, updated = [], [], [], []
 
     def visit(obj):
         if isinstance(obj, keras.Model):
@@ -161,13 +172,20 @@ def variable_bytes(trackables: Dict) -> Dict[str, float]:
                 visit(value)
         elif isinstance(obj, keras.optimizers.Optimizer):
             slot_variables.extend(obj.variables)
+            updated.extend(getattr(obj, "_trainable_variables", []))  # what it was built for (Keras 3)
         elif isinstance(getattr(obj, "optimizer", None), keras.optimizers.Optimizer):  # wrap_optimizer's wrapper
-            slot_variables.extend(obj.optimizer.variables)
+            visit(obj.optimizer)
             slot_variables.extend(obj.variables)  # its own: accumulators, loss scale
+        elif isinstance(obj, tf.Module) and (hasattr(obj, "apply_gradients") or hasattr(obj, "slots")):  # MeshAdam
+            slot_variables.extend(obj.variables)
+        elif isinstance(obj, tf.Module):  # a tf.Module model (the mesh's ViT)
+            modules.append(obj)
 
     visit(trackables)
-    params, count = _variables_bytes([w for m in models for w in m.weights])
-    grads, _ = _variables_bytes([w for m in models for w in m.trainable_weights])
+    params, count = _variables_bytes([w for m in models for w in m.weights] + [v for m in modules for v in m.variables])
+    # Gradients: of the variables the optimizers update (not, e.g., D4PG's target networks).
+    grads, _ = _variables_bytes(updated or [w for m in models for w in m.trainable_weights]
+                                + [v for m in modules for v in m.trainable_variables])
     slots, _ = _variables_bytes(slot_variables)
     return {"params": params, "grads": grads, "slots": slots, "num_params": count}
 
@@ -185,12 +203,13 @@ def _sync_collectives(trackables: Dict) -> int:
 def footprint(gin_files: Sequence[str], gin_params: Sequence[str], settings: Dict,
               probe_batches: Sequence[int] = PROBE_BATCHES) -> Tuple[Footprint, Dict]:
     """Measures the experiment's step: (Footprint, details) with the traces' raw numbers."""
-    flops, activations, details = [], [], {"probe_batches": list(probe_batches)}
+    flops, activations, ops, details = [], [], 0, {"probe_batches": list(probe_batches)}
     for batch in probe_batches:
         replicator, task = _built(gin_files, gin_params, settings, batch)
         graph = _graph(replicator, task, batch)
         flops.append(graph_flops(graph))
         activations.append(saved_activation_bytes(graph))
+        ops = graph_ops(graph)
     (b1, b2), (f1, f2), (a1, a2) = probe_batches, flops, activations
     per_flops, per_act = (f2 - f1) / (b2 - b1), (a2 - a1) / (b2 - b1)
     sizes = variable_bytes(task.trackables())
@@ -198,7 +217,7 @@ def footprint(gin_files: Sequence[str], gin_params: Sequence[str], settings: Dic
     fp = Footprint(flops_fixed=max(0.0, f1 - per_flops * b1), flops_per_example=per_flops,
                    param_bytes=sizes["params"], grad_bytes=sizes["grads"], slot_bytes=sizes["slots"],
                    activation_bytes_fixed=max(0.0, a1 - per_act * b1), activation_bytes_per_example=per_act,
-                   num_params=sizes["num_params"], sync_collectives=_sync_collectives(task.trackables()),
+                   num_params=sizes["num_params"], sync_collectives=_sync_collectives(task.trackables()), ops=ops,
                    precision=settings["precision"], model_axis=int(mesh.get("model", 1)))
     details.update(flops=flops, activation_bytes=activations, examples_per_epoch=_examples_per_epoch(task, settings))
     if settings["d4pg"]:

@@ -15,6 +15,11 @@ Communication is the all-reduce the target runs:
   B_chip the chip's ICI bandwidth summed over its links (Google's 'all-reduce
   bandwidth per pod' divided by its chips); slices beyond a pod add a ring over DCN.
 
+Host: per host call (`--host_ms`, spread over steps_per_loop steps) plus dispatching the
+step's ops (ops x per-op cost: measured on the CPU, where it adds to the step; a stated
+launch cost on a GPU, where it shows only when it exceeds the device's work; 0 on a TPU,
+whose step XLA compiles whole).
+
 Small collectives (SyncBatchNorm's moments, one per layer forward and one backward) are
 latency-bound: 2 ceil(log2 n) x latency each (a tree). Everything here is plain Python.
 """
@@ -42,6 +47,7 @@ class Footprint:
     activation_bytes_per_example: float
     num_params: int
     sync_collectives: int = 0
+    ops: int = 0
     precision: str = "float32"
     model_axis: int = 1
 
@@ -155,7 +161,11 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
     per_host = min(devices, hw.devices_per_host)
     input_total = st.input_s_per_example * per_replica * (1 if hw.shared_compute else per_host)
     input_s = max(0.0, input_total - device_s)  # tf.data's prefetch hides what the device step covers
-    host = st.host_call_s / max(1, st.steps_per_loop)
+    # Dispatching the step's ops: on a CPU the same cores pay it; an accelerator hides it behind
+    # its kernels unless dispatch is slower than they are (a small model: then it is the step).
+    dispatch = fp.ops * hw.per_op_s
+    hidden = 0.0 if hw.shared_compute else min(dispatch, device_s)
+    host = st.host_call_s / max(1, st.steps_per_loop) + dispatch - hidden
     step = device_s + input_s + host
     scale = _activation_scale(st.precision)
     memory = {"params": fp.param_bytes / model, "grads": fp.grad_bytes / model, "slots": fp.slot_bytes / model,

@@ -38,12 +38,36 @@ def cpu_flops(repeats: int = 5) -> float:
     return flops / statistics.median(timer("float32") for _ in range(repeats))
 
 
+def cpu_per_op_s(length: int = 2000, repeats: int = 5) -> float:
+    """This machine's executor time per op: a traced chain of `length` scalar sines
+    (each needs the last), the median of runs divided by its length."""
+    import time  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    @tf.function
+    def chain(x):
+        for _ in range(length):
+            x = tf.math.sin(x)  # nothing for Grappler to fold or fuse
+        return x
+
+    x = tf.constant(0.0)
+    chain(x).numpy()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        chain(x).numpy()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / length
+
+
 def hardware(name: str, devices_per_host: Optional[int] = None, inter_host_gbps: Optional[float] = None,
              latency_us: Optional[float] = None, cpu_flops_measured: Optional[float] = None) -> Hardware:
     """The catalogue's entry (or 'cpu', measured now), with the stated overrides applied."""
     import dataclasses  # pylint: disable=import-outside-toplevel
     if name.lower() == "cpu":
-        hw = catalogue.measured_cpu(cpu_flops_measured if cpu_flops_measured is not None else cpu_flops())
+        hw = catalogue.measured_cpu(cpu_flops_measured if cpu_flops_measured is not None else cpu_flops(),
+                                    per_op_s=cpu_per_op_s())
     else:
         hw = catalogue.published(name)
     changes = {}
