@@ -18,12 +18,12 @@ import json
 import os
 import resource
 import shlex
-import subprocess
+import signal
 import sys
 import time
 from typing import Optional
 
-from expframe import provenance
+from expframe import processes, provenance
 from expframe.atomic_files import write_json
 from expframe.reproduce import registry
 from expframe.sweep import naming, runner, spec, summary
@@ -167,6 +167,21 @@ def _numbers(record: dict) -> dict:
     return {k: v for k, v in record.items() if k == "step" or (isinstance(v, (int, float)) and not isinstance(v, bool))}
 
 
+def _run_child(argv: list[str], name: str, on_line=None) -> int:
+    """Runs `argv` in the repository through this process's `processes.owner()` (a session
+    of its own; output to `on_line`, or straight to this process's when None) and returns
+    its exit status. Interrupted (Ctrl-C, an error), it stops the child's whole group
+    before it re-raises, never leaving it running."""
+    owner = processes.owner()
+    child = owner.start(argv, name, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"), on_line=on_line,
+                        capture=on_line is not None)
+    try:
+        return owner.reap(child)
+    except BaseException:
+        owner.stop([child], signal.SIGTERM, grace_s=5.0)
+        raise
+
+
 def _baseline(result: registry.Experiment, study: spec.Study, root: str, quick: bool) -> dict:
     """Seed -> the eval metrics of the untrained model, from `expframe.reproduce.baseline`."""
     out = {}
@@ -177,9 +192,9 @@ def _baseline(result: registry.Experiment, study: spec.Study, root: str, quick: 
                 + [f"--gin_param={p}" for p in study.gin_params + run.gin_params])
         if not os.path.isfile(path):
             say(f"{result.name}: evaluating the untrained model ({run.name})")
-            done = subprocess.run(argv, cwd=REPO, check=False, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-            if done.returncode != 0:
-                raise RuntimeError(f"{shown(argv)} exited {done.returncode}")
+            code = _run_child(argv, f"baseline {run.name}")
+            if code != 0:
+                raise RuntimeError(f"{shown(argv)} exited {code}")
         with open(path, encoding="utf-8") as f:
             out[run.name] = dict(json.load(f), command=shown(argv))
     return out
@@ -238,19 +253,16 @@ def run_benchmark(result: registry.Benchmark, root: str, quick: bool) -> tuple[d
         log = os.path.join(root, f"{result.name}.log")
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"=== {provenance.now()}: {shown(argv)}\n")
-        with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              errors="replace", env=dict(os.environ, PYTHONUNBUFFERED="1")) as proc, \
-                open(log, "a", encoding="utf-8") as f:
-            try:
-                for line in proc.stdout:
-                    f.write(line)
-                    if not runner._TF_LOG_LINE.match(line):  # pylint: disable=protected-access
-                        print(f"[{result.name}] {line}", end="", flush=True)
-            except BaseException:  # interrupted: stop the script too, never leave it running
-                proc.kill()
-                raise
-        if proc.returncode != 0:
-            raise RuntimeError(f"{shown(argv)} exited {proc.returncode}; its output is in {log}")
+        with open(log, "a", encoding="utf-8") as f:
+            def on_line(child, raw: bytes) -> None:  # pylint: disable=unused-argument
+                line = raw.decode("utf-8", errors="replace")
+                f.write(line)
+                if not runner._TF_LOG_LINE.match(line):  # pylint: disable=protected-access
+                    print(f"[{result.name}] {line}", end="" if line.endswith("\n") else "\n", flush=True)
+
+            code = _run_child(argv, result.name, on_line)
+        if code != 0:
+            raise RuntimeError(f"{shown(argv)} exited {code}; its output is in {log}")
         os.replace(running_out, out)
     with open(out, encoding="utf-8") as f:
         return json.load(f), shown(argv)
