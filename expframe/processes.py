@@ -35,11 +35,11 @@ import atexit
 import collections
 import os
 import signal
-from signal import SIGKILL, SIGTERM
 import subprocess
 import sys
 import threading
 import time
+from signal import SIGKILL, SIGTERM
 from typing import Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence
 
 GUARD_GRACE_S = 3.0
@@ -377,6 +377,49 @@ def owner() -> Owner:
         if _default is None or _default._closed:  # pylint: disable=protected-access
             _default = Owner("expframe")
         return _default
+
+
+def run(argv: Sequence[str], name: str, *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+        timeout: Optional[float] = None, capture: bool = True, check: bool = False,
+        on_line: Optional[LineCallback] = None) -> subprocess.CompletedProcess:
+    """`subprocess.run` through this process's `owner()`: the child runs in a session of its
+    own and, however this call ends (its timeout, Ctrl-C, SIGKILL of this process), its
+    whole group ends with it.
+
+    Args:
+      argv, name, env, cwd: as `Owner.start`.
+      timeout: seconds; past it the child's group is stopped and `subprocess.TimeoutExpired`
+        raised (with the output so far).
+      capture: collect stdout and stderr together as text (`.stdout`); False leaves them on
+        this process's.
+      check: raise `subprocess.CalledProcessError` for a non-zero status.
+      on_line: also called with each line (bytes), e.g. to echo it.
+
+    Returns:
+      a `subprocess.CompletedProcess` (`stderr` is None: it is in `stdout`).
+    """
+    own = owner()
+    lines: List[bytes] = []
+
+    def collect(child: Child, line: bytes) -> None:
+        lines.append(line)
+        if on_line is not None:
+            on_line(child, line)
+
+    child = own.start(argv, name, env=env, cwd=cwd, on_line=collect if capture else None, capture=capture)
+    try:
+        code = own.reap(child, timeout)
+    except subprocess.TimeoutExpired:
+        own.stop([child], SIGTERM, grace_s=GUARD_GRACE_S)
+        raise subprocess.TimeoutExpired(list(argv), timeout or 0.0,
+                                        output=b"".join(lines).decode("utf-8", errors="replace")) from None
+    except BaseException:
+        own.stop([child], SIGTERM, grace_s=GUARD_GRACE_S)
+        raise
+    out = b"".join(lines).decode("utf-8", errors="replace") if capture else None
+    if check and code != 0:
+        raise subprocess.CalledProcessError(code, list(argv), output=out)
+    return subprocess.CompletedProcess(list(argv), code, stdout=out, stderr=None)
 
 
 def descendants(pid: int) -> Dict[int, str]:

@@ -129,3 +129,18 @@ def test_sigkill_of_the_owner_leaves_no_descendant():
 def test_describe_status():
     assert processes.describe_status(3) == "exited with status 3"
     assert processes.describe_status(-9) == "died with signal SIGKILL"
+
+
+@pytest.mark.timeout(30)
+def test_run_collects_the_output_and_a_timeout_stops_the_whole_group():
+    done = processes.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); "
+                          "sys.exit(4)"], "short")
+    assert (done.returncode, sorted(done.stdout.split())) == (4, ["err", "out"])
+    with pytest.raises(subprocess.CalledProcessError):
+        processes.run(["false"], "false", check=True)
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as e:
+        processes.run(["sh", "-c", "sleep 120 & echo $!; wait"], "slow", timeout=1.0)
+    sleeper = int(e.value.output.split()[0])
+    assert time.monotonic() - started < 1.0 + processes.GUARD_GRACE_S + 2
+    assert not _alive(sleeper)
