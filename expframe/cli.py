@@ -91,16 +91,32 @@ def _start_tensorflow() -> None:
         from expframe import experiment  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
 
-def _run(argv) -> int:
-    if len(argv) > 1:
-        return _error(f"unexpected arguments {argv[1:]}; pass settings with --gin_param")
-    _start_tensorflow()
-    from expframe import config, configurable_list, errors, experiment, gin_paths  # noqa: E501  pylint: disable=import-outside-toplevel
+def _check_files() -> int:
+    """The checks that need no TensorFlow, made before it is imported (seconds): arguments,
+    --gin_file given, the search path's folders and every --gin_file found. 0 when they
+    pass, else the exit status after the one-line error."""
+    from expframe import errors, gin_paths  # pylint: disable=import-outside-toplevel
     if not FLAGS.gin_file and not FLAGS.list_configurables:
         return _error("--gin_file is required (e.g. --gin_file=experiments/quickstart.gin, or the name of a "
                       f"shipped experiment: --gin_file=quickstart); see `{prog()} --help`")
     try:
         gin_paths.add_search_path(FLAGS.gin_search_path)
+        for path in FLAGS.gin_file:
+            gin_paths.resolve(path)
+    except errors.ConfigError as e:
+        return _error(str(e).strip().splitlines()[0])
+    return 0
+
+
+def _run(argv) -> int:
+    if len(argv) > 1:
+        return _error(f"unexpected arguments {argv[1:]}; pass settings with --gin_param")
+    code = _check_files()
+    if code:
+        return code
+    _start_tensorflow()
+    from expframe import config, configurable_list, errors, experiment, gin_errors  # noqa: E501  pylint: disable=import-outside-toplevel
+    try:
         text = config.parse(FLAGS.gin_file, FLAGS.gin_param)
         if FLAGS.list_configurables:
             print(configurable_list.format_list(configurable_list.configurables()))
@@ -117,7 +133,7 @@ def _run(argv) -> int:
         return e.exit_code
     except (TypeError, ValueError, RuntimeError) as e:
         # gin builds run_experiment's arguments (the task) before its body runs.
-        error = config.config_error_from(e)
+        error = gin_errors.config_error_from(e)
         if error is None:
             raise
         return _error(str(error))

@@ -7,6 +7,7 @@ import gin
 
 REQUIRED = "REQUIRED"
 FROM_CALLER = "(passed by the caller)"
+NO_DOCSTRING = "(no docstring)"
 
 
 class Configurable(NamedTuple):
@@ -14,7 +15,7 @@ class Configurable(NamedTuple):
 
     name: str  # e.g. 'Trainer', 'keras.optimizers.Adam'
     selector: str  # the full name, e.g. 'expframe.trainer.Trainer'
-    summary: str  # the first line of its docstring
+    summary: str  # the first line of its own docstring, or NO_DOCSTRING
     parameters: List[tuple]  # (parameter, default as gin text, or REQUIRED / FROM_CALLER)
 
 
@@ -27,6 +28,16 @@ def _default(value) -> str:
     if inspect.isclass(value) or inspect.isfunction(value):
         text = f"<{value.__module__}.{value.__qualname__}>"
     return text if len(text) <= 70 else text[:67] + "..."
+
+
+def summary(wrapped) -> str:
+    """The first line of the configurable's own docstring, or NO_DOCSTRING.
+
+    Its own: `inspect.getdoc` would show a base class's docstring for a subclass
+    without one (a user's Task would read as the Task it extends)."""
+    own = wrapped.__dict__.get("__doc__") if inspect.isclass(wrapped) else getattr(wrapped, "__doc__", None)
+    text = inspect.cleandoc(own) if isinstance(own, str) else ""
+    return text.splitlines()[0] if text else NO_DOCSTRING
 
 
 def configurables(match: Optional[str] = None) -> List[Configurable]:
@@ -55,8 +66,7 @@ def configurables(match: Optional[str] = None) -> List[Configurable]:
             if entry.allowlist and param.name not in entry.allowlist:
                 continue
             params.append((param.name, _default(param.default)))
-        doc = inspect.getdoc(entry.wrapped) or ""
-        out.append(Configurable(name, selector, doc.strip().splitlines()[0] if doc.strip() else "", params))
+        out.append(Configurable(name, selector, summary(entry.wrapped), params))
     return sorted(out, key=lambda c: (c.name.startswith("keras"), c.name.lower()))
 
 
@@ -65,7 +75,7 @@ def format_list(items: List[Configurable]) -> str:
     lines = [f"{len(items)} configurables (bind as `Name.parameter = value` in a gin file or with --gin_param; "
              f"{REQUIRED} must be bound; {FROM_CALLER}: the code that calls it supplies it):", ""]
     for item in items:
-        lines.append(f"{item.name}  [{item.selector}]" + (f"  {item.summary}" if item.summary else ""))
+        lines.append(f"{item.name}  [{item.selector}]  {item.summary}")
         lines += [f"    {name} = {default}" for name, default in item.parameters]
         lines.append("")
     return "\n".join(lines)

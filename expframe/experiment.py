@@ -8,7 +8,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe import config, provenance, run_files
+from expframe import gin_errors, provenance, run_files
 from expframe.errors import ConfigError
 from expframe.replicator import Replicator, auto_settings, cluster
 from expframe.run_files import RunFiles
@@ -40,7 +40,7 @@ def _gin_call(fn):
     """Calls fn, which calls configurables; the configuration's errors become ConfigErrors.
 
     A ConfigError passes through; a missing required binding, or a value of the wrong
-    type or range raised inside a configurable (see `config.config_error_from`),
+    type or range raised inside a configurable (see `gin_errors.config_error_from`),
     becomes a one-line ConfigError; anything else (a failure of the run) is re-raised.
     """
     try:
@@ -48,7 +48,7 @@ def _gin_call(fn):
     except ConfigError:
         raise
     except (TypeError, ValueError, RuntimeError) as e:
-        error = config.config_error_from(e)
+        error = gin_errors.config_error_from(e)
         if error is None:
             raise
         raise error from None

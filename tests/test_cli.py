@@ -227,3 +227,35 @@ def test_quiet_start_drops_only_tensorflows_start_up_notices(tmp_path):
     assert done.stderr.splitlines() == ["E0000 00:00:1.3 7 some_op.cc:9] a real error",
                                         "W0000 00:00:1.5 7 other.cc:3] a real warning",
                                         "after: not filtered cuInit"], done.stderr
+
+
+# Errors that need no TensorFlow: (flags, the error line). Each came after TensorFlow
+# was imported (4.5-12 s); now before it.
+NO_TENSORFLOW_ERRORS = [
+    ([], "error: --gin_file is required (e.g. --gin_file=experiments/quickstart.gin"),
+    (["--gin_file=i31_no_such.gin"], "error: --gin_file=i31_no_such.gin: no such file (looked in the working "
+                                     "directory"),
+    (["--gin_file=quickstart", "--gin_search_path=i31_no_such_dir"],
+     "error: --gin_search_path=i31_no_such_dir: no such folder."),
+    (["--gin_file=quickstart", "--modle=train"], "error: Unknown command line flag 'modle'"),
+    (["--gin_file=quickstart", "--mode=evaluate"], "error: flag --mode=evaluate: value should be one of"),
+    (["--gin_file=quickstart", "surplus"], "error: unexpected arguments ['surplus']; pass settings with --gin_param"),
+]
+# The program as main.py runs it, reporting at exit whether TensorFlow was imported.
+_REPORT_TF = ("import atexit, sys\n"
+              "atexit.register(lambda: print('tensorflow imported:', 'tensorflow' in sys.modules))\n"
+              "sys.argv[0] = 'main.py'\n"
+              "from expframe.cli import main\n"
+              "main()\n")
+
+
+def test_errors_that_need_no_tensorflow_come_before_it_is_imported(tmp_path):
+    env = dict(mr.env(str(tmp_path)), PYTHONPATH=os.pathsep.join([mr.ROOT, os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, "-c", _REPORT_TF] + flags, cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for flags, _ in NO_TENSORFLOW_ERRORS]
+    for proc, (flags, expected) in zip(procs, NO_TENSORFLOW_ERRORS, strict=True):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (flags, out, err)
+        assert err.startswith(expected) and len(err.strip().splitlines()) == 1, (flags, err)
+        assert out.strip() == "tensorflow imported: False", (flags, out, err)

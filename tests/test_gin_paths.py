@@ -8,7 +8,7 @@ import sys
 import gin
 import pytest
 
-from expframe import config, gin_paths
+from expframe import config, configurable_list, gin_paths
 from expframe.errors import ConfigError
 from expframe.sweep import spec
 from tests import main_runner as mr
@@ -148,3 +148,52 @@ def test_study_file_by_name_from_another_directory(elsewhere):
     includes, _, axes = spec.read_study_file("studies/quickstart_batch")
     assert includes == [os.path.join(SHIPPED, "quickstart.gin")]
     assert [a.bindings for a in axes][0][0] == "Trainer.global_batch_size"
+
+
+def test_an_unknown_configurable_names_the_missing_import(elsewhere):
+    """A gin file that names a user's configurable but forgot its `import` is told to add
+    that import (issue 31: it was told "did you mean 'waves'?", another configurable);
+    a real typo of a registered name is still offered the name."""
+    project = elsewhere / "project"
+    project.mkdir()
+    (project / "i31_wave_data.py").write_text("import gin\n\n\n@gin.configurable\ndef i31_waves(n=3):\n    return n\n")
+    (project / "i31_wave_task.py").write_text("import gin\n\n\n@gin.configurable\nclass I31WaveTask:\n    pass\n")
+    (project / "forgot.gin").write_text("import i31_wave_data\ni31_waves.n = 4\nI31WaveTask.width = 2\n")
+    with pytest.raises(ConfigError) as info:
+        config.parse([str(project / "forgot.gin")], [])
+    assert str(info.value) == (
+        f"{project / 'forgot.gin'}:3: configurable 'I31WaveTask' is not registered: add `import i31_wave_task` to "
+        f"{project / 'forgot.gin'} (i31_wave_task.py defines I31WaveTask), or see `python main.py "
+        "--list_configurables` for the registered ones.")
+    (project / "reference.gin").write_text("include 'experiments/quickstart.gin'\n"
+                                           "run_experiment.task = @I31Nowhere()\n")
+    with pytest.raises(ConfigError) as info:
+        config.parse([str(project / "reference.gin")], [])
+    assert str(info.value) == (
+        f"{project / 'reference.gin'}:2: configurable 'I31Nowhere' is not registered: add `import <the module that "
+        f"defines it>` to {project / 'reference.gin'}, or see `python main.py --list_configurables` for the "
+        "registered ones.")
+    with pytest.raises(ConfigError, match=r"^--gin_param='I31WaveTask.width = 2': configurable 'I31WaveTask' is not "
+                                          r"registered: add `import <the module that defines it>` as "
+                                          r"--gin_param='import <the module that defines it>'"):
+        config.parse([], ["I31WaveTask.width = 2"])
+    with pytest.raises(ConfigError, match=r"^--gin_param='Trainr.train_steps = 1': unknown configurable 'Trainr'; "
+                                          r"did you mean 'Trainer'\? \(see"):
+        config.parse(["quickstart"], ["Trainr.train_steps = 1"])
+
+
+def test_list_configurables_shows_a_classs_own_docstring(elsewhere):
+    """A user's Task without a docstring read as the base class's ("Trains `model` on
+    `dataset` ..."): each configurable shows its own first line, or (no docstring)."""
+    (elsewhere / "i31_tasks.py").write_text(
+        "import gin\nfrom expframe.tasks.classification import ClassificationTask\n\n\n"
+        "@gin.configurable\nclass I31Bare(ClassificationTask):\n    pass\n\n\n"
+        "@gin.configurable\nclass I31Told(ClassificationTask):\n    \"\"\"Waves, told apart.\n\n"
+        "    More.\"\"\"\n")
+    (elsewhere / "tasks.gin").write_text("import i31_tasks\n")
+    config.parse([str(elsewhere / "tasks.gin")], [])
+    listed = configurable_list.format_list(configurable_list.configurables("i31_tasks"))
+    assert "I31Bare  [i31_tasks.I31Bare]  (no docstring)\n" in listed, listed
+    assert "I31Told  [i31_tasks.I31Told]  Waves, told apart.\n" in listed, listed
+    trainer = configurable_list.configurables("expframe.trainer.Trainer")[0]
+    assert trainer.summary == "Runs a Task on a Replicator: train, evaluate, checkpoint, log."

@@ -62,8 +62,8 @@ def _refuse_asynchronous() -> None:
     """ConfigError when created for a parameter-server strategy: before any step is traced."""
     if not isinstance(tf.distribute.get_strategy(), tf.distribute.experimental.ParameterServerStrategy):
         return
-    from expframe import config  # pylint: disable=import-outside-toplevel
-    bindings = config.bindings_to("SyncBatchNorm")
+    from expframe import gin_errors  # pylint: disable=import-outside-toplevel
+    bindings = gin_errors.bindings_to("SyncBatchNorm")
     fix = (" or ".join(f"{b} = @BatchNormalization" for b in bindings) if bindings
            else "keras.layers.BatchNormalization instead")
     raise ConfigError(
