@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -252,7 +251,10 @@ def main(argv=None):
                 out = os.path.join(tmp, "run.json")
                 cmd = [sys.executable, os.path.abspath(__file__), f"--allocator={allocator}",
                        f"--repeats={args.repeats}", f"--variants={args.variants}", f"--out={out}"]
-                subprocess.run(cmd + (["--quick"] if args.quick else []), check=True)
+                # Its own session, stopped with this script (each run sets its allocator itself).
+                from expframe import processes  # pylint: disable=import-outside-toplevel
+                processes.run(cmd + (["--quick"] if args.quick else []), f"collectives {allocator}", capture=False,
+                              check=True)
                 with open(out) as f:
                     runs.extend(json.load(f)["runs"])
     from machine import write_result  # pylint: disable=import-outside-toplevel  (benchmarks/machine.py)

@@ -187,6 +187,10 @@ def run_config(args, runner: str, replicas: int, threads: str) -> dict:
     for name in ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS", "EXPFRAME_CPU_DEVICES"):
         env.pop(name, None)
     try:
+        # Not through expframe.processes: a short worker whose output is captured, ended by
+        # subprocess.run at its timeout; and importing the package here would put its
+        # allocator default (TF_CPU_ALLOCATOR_USE_BFC) into the environment of workers that
+        # measure plain TensorFlow.
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return {"runner": runner, "replicas": replicas, "threads_setting": threads, "error": "timed out"}

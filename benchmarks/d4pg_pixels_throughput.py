@@ -21,11 +21,11 @@ Results: a table on stdout and JSON in `benchmarks/results/d4pg_pixels_throughpu
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
+from expframe import processes  # noqa: E402
 from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -42,9 +42,9 @@ def learner_rate(replicas: int, steps: int, tmp: str) -> float:
               "D4PGTask.max_replay_size = 20_000", "D4PGTask.eval_episodes = 1"]
     cmd = [sys.executable, os.path.join(ROOT, "main.py"), f"--gin_file={GIN}", f"--model_dir={model_dir}",
            "--mode=train"] + [f"--gin_param={p}" for p in params]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    done = processes.run(cmd, "learner", cwd=ROOT)  # its own session, stopped with this script
     if done.returncode != 0:
-        raise SystemExit(f"learner run failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"learner run failed:\n{done.stdout[-3000:]}")
     with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if '"train"' in line]
     return rows[-1]["learner_steps_per_sec"]
@@ -69,9 +69,11 @@ def actor_rate(num_actors: int, seconds: float, weights_every: int, tmp: str) ->
     service = LearnerService(policy.get_weights(), experience.rpc_fields(environment), capacity=10**6)
     environment.close()
     stats = [os.path.join(tmp, f"actors{num_actors}_{i}.json") for i in range(num_actors)]
-    procs = [subprocess.Popen([sys.executable, "-m", "expframe.rl.actor_process", f"--address={service.address}",
+    owner = processes.owner()  # each actor in a session of its own, stopped with this script
+    procs = [owner.start([sys.executable, "-m", "expframe.rl.actor_process", f"--address={service.address}",
                                f"--actor_id={i}", f"--seed={i}", "--sigma=0.3", f"--weights_every={weights_every}",
-                               f"--gin_config={gin_file}", f"--stats_file={stats[i]}"], cwd=ROOT)
+                               f"--gin_config={gin_file}", f"--stats_file={stats[i]}"],
+                         f"actor {i}", cwd=ROOT, capture=False)
              for i in range(num_actors)]
     deadline = time.time() + 900
     while len(service.versions_used) < num_actors and time.time() < deadline:   # every actor is running
@@ -93,7 +95,7 @@ def actor_rate(num_actors: int, seconds: float, weights_every: int, tmp: str) ->
     window = last - started
     service.close()
     for p in procs:
-        p.wait(timeout=120)
+        owner.reap(p, timeout=120)
     gin.clear_config()
     return {"frames_per_sec": frames / window, "window_s": window, "frames": frames,
             "inserts_per_actor": counts, "weights_every": weights_every}

@@ -21,11 +21,11 @@ Results: a table on stdout and JSON in `benchmarks/results/d4pg_throughput[_quic
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
+from expframe import processes  # noqa: E402
 from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -42,9 +42,9 @@ def learner_rate(replicas: int, steps: int, tmp: str, extra_params=()) -> float:
               f"Trainer.checkpoint_every_steps = {steps}", "D4PGTask.min_replay_size = 1000", *extra_params]
     cmd = [sys.executable, os.path.join(ROOT, "main.py"), "--gin_file=experiments/d4pg_control.gin",
            f"--model_dir={model_dir}", "--mode=train"] + [f"--gin_param={p}" for p in params]  # no final eval
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    done = processes.run(cmd, "learner", cwd=ROOT)  # its own session, stopped with this script
     if done.returncode != 0:
-        raise SystemExit(f"learner run failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"learner run failed:\n{done.stdout[-3000:]}")
     with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if '"train"' in line]
     return rows[-1]["learner_steps_per_sec"]
@@ -66,9 +66,11 @@ def actor_rates(num_actors: int, seconds: float, tmp: str) -> dict:
     shapes = {"observation": (5,), "action": (1,), "reward": (), "discount": (), "next_observation": (5,)}
     service = LearnerService(policy.get_weights(), shapes, capacity=10**7)
     stats = [os.path.join(tmp, f"actors{num_actors}_{i}.json") for i in range(num_actors)]
-    procs = [subprocess.Popen([sys.executable, "-m", "expframe.rl.actor_process", f"--address={service.address}",
+    owner = processes.owner()  # each actor in a session of its own, stopped with this script
+    procs = [owner.start([sys.executable, "-m", "expframe.rl.actor_process", f"--address={service.address}",
                                f"--actor_id={i}", f"--seed={i}", "--sigma=0.3", "--weights_every=100",
-                               f"--gin_config={gin_file}", f"--stats_file={stats[i]}"], cwd=ROOT)
+                               f"--gin_config={gin_file}", f"--stats_file={stats[i]}"],
+                         f"actor {i}", cwd=ROOT, capture=False)
              for i in range(num_actors)]
     service.wait_for(num_actors * 100, timeout=300)   # all started (TensorFlow imported)
     first = service.inserted
@@ -81,7 +83,7 @@ def actor_rates(num_actors: int, seconds: float, tmp: str) -> dict:
     steps = service.inserted - first
     service.close()
     for p in procs:
-        p.wait(timeout=60)
+        owner.reap(p, timeout=60)
     per_actor = []
     for path in stats:
         with open(path, encoding="utf-8") as f:

@@ -54,6 +54,7 @@ import tensorflow as tf  # noqa: E402
 
 import d4pg_throughput  # noqa: E402  (benchmarks/d4pg_throughput.py)
 import resnet50_throughput as r50  # noqa: E402  (benchmarks/resnet50_throughput.py; splits the CPU in 2)
+from expframe import processes  # noqa: E402
 from expframe.replicator import auto_settings, autotune, probes  # noqa: E402
 from machine import write_result  # noqa: E402  (benchmarks/machine.py)
 
@@ -150,14 +151,16 @@ def matrix_rows(target: str, entry: str, timeout_s: float) -> List[Dict]:
             "print('MATRIX ' + json.dumps(None if fn is None else fn(sys.argv[3])))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     try:
-        done = subprocess.run([sys.executable, "-c", code, module, function, target], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=max(timeout_s, 1))
+        # Its own session, stopped with this script or at the timeout (expframe.processes);
+        # stdout and stderr come together.
+        done = processes.run([sys.executable, "-c", code, module, function, target], "conformance matrix",
+                             cwd=ROOT, env=env, timeout=max(timeout_s, 1))
     except subprocess.TimeoutExpired:
         return [{"section": "matrix", "configuration": f"all on '{target}'", "expframe": "FAILED",
                  "note": f"did not finish within {timeout_s:.0f} s (time budget)"}]
     lines = [line for line in done.stdout.splitlines() if line.startswith("MATRIX ")]
     if done.returncode != 0 or not lines:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (done.stdout.strip().splitlines() or ["no output"])[-1]
         return [{"section": "matrix", "configuration": f"all on '{target}'", "expframe": "FAILED",
                  "note": f"exit {done.returncode}: {last[:200]}"}]
     found = json.loads(lines[-1][len("MATRIX "):])

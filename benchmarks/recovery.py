@@ -38,15 +38,15 @@ the CPU and the load average at start and end (compare phases within one run).
 import argparse
 import json
 import os
+import queue
 import re
-import select
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from expframe import processes  # noqa: E402
 from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -74,24 +74,26 @@ class Run:
     """The launcher and its cluster, with every output line timestamped on arrival."""
 
     def __init__(self, command, env, log_path):
-        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
         self.log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115  (closed in stop)
         self.lines = []  # (time, line)
+        self._arrived = queue.Queue()  # (time of arrival, line), from the owner's reader thread
+        # The launcher in a session of its own (expframe.processes): stopped, with the
+        # cluster it started, however this script ends.
+        self.child = processes.owner().start(
+            command, "launcher", cwd=ROOT, env=env,
+            on_line=lambda child, raw: self._arrived.put((time.monotonic(), raw.decode("utf-8", errors="replace"))))
+        self.proc = self.child.popen
 
     def read_until(self, pattern, timeout=900.0):
         """Reads lines until one matches; returns (time, match)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
-            if not ready:
-                if self.proc.poll() is not None:
+            try:
+                now, line = self._arrived.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None and not (self.child.reader and self.child.reader.is_alive()):
                     break
                 continue
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            now = time.monotonic()
             self.lines.append((now, line))
             self.log.write(f"{now:.3f} {line}")
             m = pattern.search(line)
@@ -118,13 +120,8 @@ class Run:
         raise RuntimeError(f"no {task} among the launcher's children")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.communicate()
+        """SIGTERM to the launcher (it stops its cluster), SIGKILL to what is left after 60 s."""
+        processes.owner().stop([self.child], signal.SIGTERM, grace_s=60.0)
         self.log.close()
 
 
@@ -206,10 +203,10 @@ def main():
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="expframe_recovery_") as tmp:
         # The shapes data once, before anything is timed (two workers must not generate it at once).
-        subprocess.run([sys.executable, "-c", "import sys; from expframe.data import shapes\n"
-                        "for s in ('train', 'test'): shapes.load_shapes(s, size=32, data_dir=sys.argv[1], "
-                        "num_train=512, num_test=64)", os.path.join(tmp, "tfds")], cwd=ROOT, check=True,
-                       capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT))
+        processes.run([sys.executable, "-c", "import sys; from expframe.data import shapes\n"
+                       "for s in ('train', 'test'): shapes.load_shapes(s, size=32, data_dir=sys.argv[1], "
+                       "num_train=512, num_test=64)", os.path.join(tmp, "tfds")], "shapes data", cwd=ROOT,
+                      check=True, env=dict(os.environ, PYTHONPATH=ROOT))
         print(HEADER, flush=True)
         for workload in args.workloads:
             faults = ["kill_worker_1"] if args.quick else FULL[workload]

@@ -32,7 +32,6 @@ import os
 import platform
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -130,21 +129,19 @@ def _worker_args(args, cores, replicas):
 
 def _run(commands, envs, timeout):
     """Runs processes together; returns their RESULT records (examples/s each)."""
-    procs = [subprocess.Popen(c, env=e, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c, e in zip(commands, envs, strict=True)]
+    # Each in a session of its own; every group is stopped on any way out (expframe.processes).
+    from expframe import processes  # pylint: disable=import-outside-toplevel
     records = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-            if p.returncode != 0 or not lines:
-                raise RuntimeError(f"worker failed (status {p.returncode}):\n{err[-3000:]}")
+    with processes.Owner("benchmarks/scaling") as owner:
+        children = [owner.start(c, f"worker {i}", env=e, cwd=_ROOT)
+                    for i, (c, e) in enumerate(zip(commands, envs, strict=True))]
+        deadline = time.monotonic() + timeout
+        for child in children:
+            code = owner.reap(child, timeout=max(deadline - time.monotonic(), 0.1))
+            lines = [line for line in child.tail if line.startswith("RESULT ")]
+            if code != 0 or not lines:
+                raise RuntimeError(f"worker failed (status {code}):\n" + "\n".join(list(child.tail)[-40:]))
             records.append(json.loads(lines[-1][len("RESULT "):]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     return records
 
 
