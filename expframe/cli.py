@@ -92,9 +92,10 @@ def _start_tensorflow() -> None:
 
 
 def _check_files() -> int:
-    """The checks that need no TensorFlow, made before it is imported (seconds): arguments,
+    """The checks that need no TensorFlow, made before it is imported (which takes seconds):
     --gin_file given, the search path's folders and every --gin_file found. 0 when they
-    pass, else the exit status after the one-line error."""
+    pass, else the exit status after the one-line error (bad flags fail earlier, in
+    `parse_flags`)."""
     from expframe import errors, gin_paths  # pylint: disable=import-outside-toplevel
     if not FLAGS.gin_file and not FLAGS.list_configurables:
         return _error("--gin_file is required (e.g. --gin_file=experiments/quickstart.gin, or the name of a "
