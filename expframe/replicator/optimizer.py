@@ -29,8 +29,10 @@ What it fixes (TF 2.21 / Keras 3.15, MirroredStrategy, custom loops):
     the whole update (scale, gradients, unscale, average, clip, apply) and is the way
     tasks should use; `scale_loss` still works for hand-written gradients. With loss
     scaling on, `apply_gradients` refuses, while its step is traced, gradients that
-    were not computed from `scale_loss`'s output or by `minimize`: each must descend
-    in the graph from the scale that one of them produced (`_ScaleProvenance`). The
+    were not computed from `scale_loss`'s output or by `minimize`, and gradients of a
+    partly scaled loss (`scale_loss(ce) + l2`): the graph is walked back from each
+    gradient, into nested tf.functions, conds and while loops (`scale_provenance.py`).
+    Eagerly, the tape that computed the gradients must have gone through a scale. The
     refusal is a ConfigError naming the calling step function and the fix (main.py:
     one line, exit 2; the trainer traces the step before it writes anything). As
     PyTorch's GradScaler.step() refuses an optimizer whose gradients it did not scale.
@@ -40,8 +42,7 @@ What it fixes (TF 2.21 / Keras 3.15, MirroredStrategy, custom loops):
 
 import inspect
 import os
-import weakref
-from typing import Callable, Iterable, List, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import gin
 import keras
@@ -49,6 +50,7 @@ import tensorflow as tf
 
 from expframe.errors import ConfigError
 from expframe.replicator import collectives, keras_hooks
+from expframe.replicator.scale_provenance import ScaleProvenance
 
 
 def check_keras_hooks() -> None:
@@ -63,50 +65,7 @@ def check_keras_hooks() -> None:
 check_keras_hooks()
 
 
-# Ops whose output is a constant gradient (an unconnected variable with
-# UnconnectedGradients.ZERO): it needs no scaling.
-_CONSTANT_GRADIENT_OPS = ("Const", "ZerosLike", "Fill", "Zeros")
 _HERE = os.path.dirname(os.path.realpath(__file__))
-
-
-class _ScaleProvenance:
-    """Which gradients come from a scaled loss: the scale tensors that `scale_loss` and
-    `minimize` made, per graph being traced, and a check that gradients descend from one.
-
-    A gradient of `loss * s` (or of `loss` with upstream gradient `s`) is computed by
-    ops that all take `s`, directly or through other gradient ops, as an input: the
-    gradients are descendants of `s` in the graph. A gradient of the unscaled loss is
-    not. Eagerly there is no graph: the check is only that the scale was used since
-    the last update.
-    """
-
-    def __init__(self):
-        self._scales = weakref.WeakKeyDictionary()  # graph -> [scale tensors made in it]
-        self._eager_uses = 0
-
-    def record(self, scale: tf.Tensor) -> None:
-        if tf.executing_eagerly():
-            self._eager_uses += 1
-        else:
-            self._scales.setdefault(scale.graph, []).append(scale)
-
-    def unscaled(self, grads: Sequence[tf.Tensor]) -> List[int]:
-        """Indices of the gradients that do not come from a scaled loss."""
-        if tf.executing_eagerly():
-            if self._eager_uses == 0:
-                return list(range(len(grads)))
-            self._eager_uses -= 1
-            return []
-        scaled_ops = set()
-        frontier = [s.op for s in self._scales.get(grads[0].graph, [])]
-        while frontier:  # every op computed from a scale tensor of this graph
-            op = frontier.pop()
-            if op in scaled_ops:
-                continue
-            scaled_ops.add(op)
-            frontier.extend(consumer for out in op.outputs for consumer in out.consumers())
-        return [i for i, g in enumerate(grads)
-                if g.op not in scaled_ops and g.op.type not in _CONSTANT_GRADIENT_OPS]
 
 
 def _is_replicator_frame(frame) -> bool:
@@ -198,7 +157,7 @@ class ReplicatedOptimizer(tf.Module):
         self.accumulators = []
         self.micro_step = None
         object.__setattr__(self, "_vars", None)
-        object.__setattr__(self, "_provenance", _ScaleProvenance())
+        object.__setattr__(self, "_provenance", ScaleProvenance())
 
     # -- Keras-like surface ------------------------------------------------------------
 
@@ -219,7 +178,7 @@ class ReplicatedOptimizer(tf.Module):
         """
         if self.loss_scale is None:
             return loss
-        return loss * self._scale(loss.dtype)
+        return self._provenance.scaled_loss(loss, self._scale(loss.dtype))
 
     def _scale(self, dtype) -> tf.Tensor:
         """The loss scale as a tensor of `dtype`, recorded as a source of scaled gradients."""
@@ -256,6 +215,8 @@ class ReplicatedOptimizer(tf.Module):
         # multiplied in the forward pass, and float16 gradients are scaled all the way.
         upstream = None if self.loss_scale is None else self._scale(loss.dtype)
         grads = tape.gradient(loss, variables, output_gradients=upstream)
+        if upstream is not None and tf.executing_eagerly():
+            self._provenance.count_backward_pass()  # this tape, this loss, scaled as the upstream gradient
         self.apply_gradients(zip(grads, variables, strict=True))
         return loss
 
@@ -337,18 +298,27 @@ class ReplicatedOptimizer(tf.Module):
 
     @tf.autograph.experimental.do_not_convert
     def _require_scaled(self, grads, variables) -> None:
-        unscaled = self._provenance.unscaled(grads)
-        if not unscaled:
+        unscaled, partly = self._provenance.check(grads)
+        if not unscaled and not partly:
             return
-        names = ", ".join(getattr(variables[i], "path", variables[i].name) for i in unscaled[:2])
-        more = f" and {len(unscaled) - 2} more" if len(unscaled) > 2 else ""
+        indices = unscaled or partly
+        names = ", ".join(getattr(variables[i], "path", variables[i].name) for i in indices[:2])
+        more = f" and {len(indices) - 2} more" if len(indices) > 2 else ""
         scale = "dynamic" if self.dynamic else f"{self._initial_scale:g}"
-        error = ConfigError(
-            f"{_calling_step()} passed gradients of an unscaled loss to apply_gradients ({names}{more}), but "
-            f"loss scaling is on (loss_scale {scale}: run_experiment.precision='mixed_float16' or "
-            f"wrap_optimizer.loss_scale), so float16 gradients underflow and every update would be divided by "
-            f"the scale; update with `optimizer.minimize(loss, variables, tape)`, or differentiate "
-            f"`optimizer.scale_loss(loss)`.")
+        if unscaled:
+            error = ConfigError(
+                f"{_calling_step()} passed gradients of an unscaled loss to apply_gradients ({names}{more}), but "
+                f"loss scaling is on (loss_scale {scale}: run_experiment.precision='mixed_float16' or "
+                f"wrap_optimizer.loss_scale), so float16 gradients underflow and every update would be divided by "
+                f"the scale; update with `optimizer.minimize(loss, variables, tape)`, or differentiate "
+                f"`optimizer.scale_loss(loss)`.")
+        else:
+            error = ConfigError(
+                f"{_calling_step()} passed gradients of a partly scaled loss to apply_gradients ({names}{more}): "
+                f"the loss it differentiated adds terms to `optimizer.scale_loss(...)`'s output that were not "
+                f"scaled, and apply_gradients would divide them by the loss scale ({scale}); scale the whole "
+                f"loss, `optimizer.scale_loss(loss + regulariser)`, or use `optimizer.minimize(loss, variables, "
+                f"tape)`.")
         error.ag_pass_through = True  # AutoGraph would wrap it in a StagingError of several lines
         raise error
 

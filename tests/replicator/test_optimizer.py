@@ -288,6 +288,118 @@ class OptimizerTest(support.TestCase):
             np.testing.assert_array_equal(new, old)  # nothing applied
         self.assertEqual(int(trainer.opt.iterations.numpy()), 0)
 
+    # -- the loss-scale check follows the program (issue 30) -------------------------
+
+    def _scaled_trainer(self, step_of, replicas=2, loss_scale=64.0):
+        """A Trainer whose step is `step_of(trainer)`; loss scaling on, no batch norm."""
+        trainer = Trainer(support.replicator("cpu", replicas), loss_scale=loss_scale, norm=False)
+        step = step_of(trainer)
+        trainer._step = tf.function(lambda x, y, w: trainer.rep.run(step, x, y, w))
+        return trainer
+
+    def test_gradients_of_scale_loss_in_a_nested_tf_function_are_accepted(self):
+        """The gradients come out of a nested tf.function (a call op in the step's graph);
+        the old check looked only in the step's own graph and refused them (exit 2)."""
+        def step_of(trainer):
+            @tf.function
+            def gradients(x, y, w):
+                with tf.GradientTape() as tape:
+                    scaled = trainer.opt.scale_loss(_loss(trainer.model, x, y, w))
+                return tape.gradient(scaled, trainer.model.trainable_variables)
+
+            def step(x, y, w):
+                variables = trainer.model.trainable_variables
+                trainer.opt.apply_gradients(zip(gradients(x, y, w), variables, strict=True))
+            return step
+
+        batches = _batches(2)
+        trainer = self._scaled_trainer(step_of)
+        trainer.train(batches)
+        self.assertEqual(int(trainer.opt.iterations.numpy()), 2)
+        self.assertWeightsClose(trainer.weights(), PlainKeras(norm=False).train(batches).weights())
+
+    def test_micro_batch_gradients_accumulated_in_a_tf_range_loop_are_accepted(self):
+        """Each replica sums the gradients of 2 micro-batches of scale_loss in a tf.range
+        loop (a while loop: its body is another graph), then applies their mean: the
+        update of one batch. The old check refused it (exit 2, "unscaled loss")."""
+        def step_of(trainer):
+            def step(x, y, w):
+                variables = trainer.model.trainable_variables
+                half = tf.shape(x)[0] // 2
+                total = [tf.zeros_like(v) for v in variables]
+                for i in tf.range(2):
+                    part = slice(i * half, (i + 1) * half)
+                    with tf.GradientTape() as tape:
+                        scaled = trainer.opt.scale_loss(_loss(trainer.model, x[part], y[part], w[part]))
+                    total = [t + g for t, g in zip(total, tape.gradient(scaled, variables), strict=True)]
+                trainer.opt.apply_gradients(zip([t / 2.0 for t in total], variables, strict=True))
+            return step
+
+        batches = _batches(2)
+        trainer = self._scaled_trainer(step_of)
+        trainer.train(batches)
+        self.assertEqual(int(trainer.opt.iterations.numpy()), 2)
+        self.assertWeightsClose(trainer.weights(), PlainKeras(norm=False).train(batches).weights())
+
+    def test_a_partly_scaled_loss_is_refused(self):
+        """`scale_loss(ce) + l2`: the regulariser's gradient would be divided by the scale
+        (its update 64 times too small). The old check accepted it: every gradient is a
+        sum with one scaled term."""
+        def step_of(trainer):
+            def step(x, y, w):
+                variables = trainer.model.trainable_variables
+                with tf.GradientTape() as tape:
+                    l2 = 1e-2 * tf.add_n([tf.reduce_sum(tf.square(v)) for v in variables])
+                    loss = trainer.opt.scale_loss(_loss(trainer.model, x, y, w)) + l2
+                trainer.opt.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+            return step
+
+        trainer = self._scaled_trainer(step_of)
+        before = trainer.weights()
+        with self.assertRaises(xf.ConfigError) as caught:
+            trainer.train(_batches(1))
+        message = str(caught.exception)
+        self.assertEqual(len(message.splitlines()), 1, message)
+        self.assertRegex(message, r"^step( \(tests/replicator/test_optimizer.py(:\d+)?\))? passed "
+                                  r"gradients of a partly scaled loss to apply_gradients \(sequential.*/kernel, "
+                                  r".*loss scale \(64\); scale the whole loss, `optimizer.scale_loss\(loss \+ "
+                                  r"regulariser\)`, or use `optimizer.minimize\(loss, variables, tape\)`")
+        for old, new in zip(before, trainer.weights(), strict=True):
+            np.testing.assert_array_equal(new, old)
+        self.assertEqual(int(trainer.opt.iterations.numpy()), 0)
+
+    def test_eagerly_the_tape_that_computes_the_gradients_must_go_through_the_scale(self):
+        """Eagerly, scale_loss called only for a log line (outside the tape) let the
+        unscaled gradients through; now the scale counts only when the gradients were
+        computed through it. The right program still runs eagerly."""
+        trainer = Trainer(support.replicator("cpu", 1), loss_scale=64.0, norm=False)
+        variables = trainer.model.trainable_variables
+        x, y = _batches(1)[0]
+        w = np.ones(len(x), np.float32)
+        logged = []
+
+        def log_only():  # scale_loss for the log line, outside the tape; gradients of the loss
+            with tf.GradientTape() as tape:
+                loss = _loss(trainer.model, x, y, w)
+            logged.append((float(trainer.opt.scale_loss(loss)), float(loss)))
+            trainer.opt.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+
+        def scaled():  # the right program
+            with tf.GradientTape() as tape:
+                loss = trainer.opt.scale_loss(_loss(trainer.model, x, y, w))
+            trainer.opt.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+
+        before = trainer.weights()
+        with self.assertRaisesRegex(xf.ConfigError, r"passed gradients of an unscaled loss to apply_gradients"):
+            trainer.rep.strategy.run(log_only)  # no tf.function: eagerly
+        self.assertAlmostEqual(logged[0][0], 64.0 * logged[0][1], places=3)
+        for old, new in zip(before, trainer.weights(), strict=True):
+            np.testing.assert_array_equal(new, old)
+        trainer.rep.strategy.run(scaled)
+        self.assertEqual(int(trainer.opt.iterations.numpy()), 1)
+        reference = PlainKeras(norm=False).train([(x, y)])
+        self.assertWeightsClose(trainer.weights(), reference.weights())
+
     def test_plain_batch_norm_statistics_agree_across_replicas_after_training(self):
         trainer = Trainer(support.replicator("cpu", 4), norm="plain")
         trainer.train(_batches(3))
