@@ -19,10 +19,28 @@ os.environ["EXPFRAME_CACHE_DIR"] = tempfile.mkdtemp(prefix="expframe_test_cache_
 atexit.register(shutil.rmtree, os.environ["EXPFRAME_CACHE_DIR"], True)
 
 import expframe  # noqa: E402
+from expframe import tf_noise  # noqa: E402
 
-# Distribution tests run 1 to 8 replicas in this one process; TensorFlow lets a
-# process split its CPU only once, so do it first.
-expframe.split_cpu(8)
+
+def _runs_no_tests(config) -> bool:
+    """Whether this process is pytest-xdist's controller, which hands the tests to its
+    workers and runs none itself (not under --collect-only, where it collects them)."""
+    return (not hasattr(config, "workerinput") and not config.getoption("collectonly", False)
+            and config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None)))
+
+
+def pytest_configure(config):
+    """Distribution tests run 1 to 8 replicas in one process; TensorFlow lets a process
+    split its CPU only once, so do it before any test module is imported.
+
+    Not in the xdist controller: TensorFlow there costs seconds, and its start-up notices
+    (`failed call to cuInit`), written to fd 2 while pytest captured it, came out after
+    the summary line as the process exited. Where TensorFlow starts, its notices are
+    dropped as main.py drops them (expframe.tf_noise)."""
+    if _runs_no_tests(config):
+        return
+    with tf_noise.quiet_start():
+        expframe.split_cpu(8)
 
 
 def pytest_xdist_auto_num_workers(config):
