@@ -7,6 +7,7 @@
     python -m expframe.sweep --study=... --emit=summary   # table and plots from what is on disk
 
 Exit status: 0 only when every run is `ok` (finished under the study's configuration);
+130 for a Ctrl-C before any run started (or while the summary is written);
 1 otherwise (a run failed, was stopped, is pending, or is stale), with one line on
 stderr naming those runs and what to do (also for --emit=summary, which writes the
 table either way); 2 for a configuration error in the study, found before any run
@@ -93,8 +94,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     study process imports it to validate the study) are hidden as main.py hides them
     (expframe/tf_noise.py); every other line passes."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as main.py; the runs inherit it
-    with tf_noise.quiet_start():
-        return _main(argv)
+    try:
+        with tf_noise.quiet_start():
+            return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while validating or summarising (the runs' own are forwarded)
+        print(f"{_PROG}: stopped by SIGINT; no run is running. Rerun the same command to continue.",
+              file=sys.stderr, flush=True)
+        return 130
 
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:

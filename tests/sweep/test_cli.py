@@ -5,8 +5,10 @@ import csv
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from PIL import Image
@@ -163,3 +165,24 @@ def test_resnet50_scaling_study_on_mock_data(tmp_path):
         ("1", "2", "ok", "6"), ("2", "4", "ok", "6")]
     assert all(float(r["examples_per_sec"]) > 0 for r in table.values())
     _assert_png(os.path.join(root, plots.FINAL))
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_the_study_is_validated_is_one_line_and_exit_130(tmp_path):
+    # SIGINT once TensorFlow's library is loaded: the study process is validating the study.
+    env = mr.env(os.environ["TFDS_DATA_DIR"])
+    proc = subprocess.Popen([sys.executable, "-m", "expframe.sweep", f"--study={STUDY}",
+                             f"--study_dir={tmp_path / 'study'}"], cwd=mr.ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(f"/proc/{proc.pid}/maps", encoding="utf-8", errors="replace") as f:
+            if "libtensorflow" in f.read():
+                break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=50)
+    assert proc.returncode == 130, out + err
+    assert err.splitlines() == ["python -m expframe.sweep: stopped by SIGINT; no run is running. Rerun the same "
+                                "command to continue."], err
+    assert not (tmp_path / "study").exists()
