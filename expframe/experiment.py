@@ -114,23 +114,26 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     trainer = _gin_call(Trainer)
     if not isinstance(task, Task):
         raise ConfigError(f"run_experiment.task must be a Task instance (e.g. @ClassificationTask()), got {task!r}.")
-    # Builds the task's model, optimizer and data: most configurables are called here.
-    _gin_call(lambda: trainer.prepare(replicator, task, seed, deterministic))
+    try:
+        # Builds the task's model, optimizer and data: most configurables are called here.
+        _gin_call(lambda: trainer.prepare(replicator, task, seed, deterministic))
 
-    parsed_config = gin.config_str()
-    if not allow_config_change:
-        _check_config_unchanged(model_dir, config_text, parsed_config)
-        run_files.check_resolved(model_dir, run_files.resolved_choices(replicator))
-    if dry_run:
-        step = trainer.restore(os.path.join(model_dir, "checkpoints"))  # reads only
-        if mode == "eval" and step == 0:
-            raise ConfigError(f"--mode=eval but {model_dir}/checkpoints holds no checkpoint; train first.")
-        return {"dry_run": True, "step": step, "parsed_config": parsed_config, "target": replicator.target,
-                "num_replicas": replicator.num_replicas, "global_batch_size": trainer.global_batch_size,
-                "train_steps": trainer.train_steps}
-    out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
-    with cluster.lost_worker_is_a_run_error(replicator.num_workers, out.restore_dir):
-        return _restore_and_run(trainer, replicator, out, model_dir, mode, config_text, parsed_config)
+        parsed_config = gin.config_str()
+        if not allow_config_change:
+            _check_config_unchanged(model_dir, config_text, parsed_config)
+            run_files.check_resolved(model_dir, run_files.resolved_choices(replicator))
+        if dry_run:
+            step = trainer.restore(os.path.join(model_dir, "checkpoints"))  # reads only
+            if mode == "eval" and step == 0:
+                raise ConfigError(f"--mode=eval but {model_dir}/checkpoints holds no checkpoint; train first.")
+            return {"dry_run": True, "step": step, "parsed_config": parsed_config, "target": replicator.target,
+                    "num_replicas": replicator.num_replicas, "global_batch_size": trainer.global_batch_size,
+                    "train_steps": trainer.train_steps}
+        out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
+        with cluster.lost_worker_is_a_run_error(replicator.num_workers, out.restore_dir):
+            return _restore_and_run(trainer, replicator, out, model_dir, mode, config_text, parsed_config)
+    finally:
+        task.close()  # its processes (render workers, actors): on every exit path, signals included
 
 
 def _restore_and_run(trainer: Trainer, replicator: Replicator, out: RunFiles, model_dir: str, mode: str,

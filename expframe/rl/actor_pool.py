@@ -9,25 +9,36 @@ that resumed from a checkpoint at step s > 0, acts with new episodes and noise i
 of repeating its first ones, while the same four numbers give the same streams. It watches them:
 an actor that exits (crash, SIGKILL) is logged with its id and exit status and
 restarted while the pool's restart budget lasts; when no actor is left, `check`
-raises `RunError` (the run stops with exit 1). The processes are stopped when the
-pool closes or at interpreter exit; each actor also stops when the learner's service
-stops answering or its parent process dies, so none outlives the learner.
+raises `RunError` (the run stops with exit 1).
+
+Lifetime: the actors start through the process's `expframe.processes.owner()`, each in a
+session of its own, so a signal to the learner's process group (a terminal's Ctrl-C)
+reaches the learner only; actors ignore SIGINT themselves too. Once the learner is
+stopping (`close`, or a SIGINT or SIGTERM reached it while the pool ran) no actor is
+restarted. The processes are stopped when the pool closes (the service refuses them, they
+exit; what is left after a grace gets SIGTERM, then SIGKILL) or at interpreter exit; each
+actor also stops when the learner's service stops answering or its parent process dies,
+and the owner's guard ends them if the learner is killed, so none outlives the learner.
 """
 
 import atexit
 import os
 import signal
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
 import numpy as np
 
+from expframe import processes
 from expframe.errors import RunError
+from expframe.rl.actor_process import DEFAULT_ACTING
 from expframe.rl.rpc import LearnerService
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _status(code: int) -> str:
@@ -58,24 +69,57 @@ class ActorPool:
       address: the service's host:port (port 0: a free one).
       resume_step: the learner step this learner process started from (0 for a fresh
         run, the checkpoint's step after a resume).
+      acting: `module:function` that builds an actor's environment and policy
+        (`expframe.rl.actor_process.ActingParts`), given to each actor as `--acting`.
+      weight_names: the names of `weights` (`expframe.rl.actors.weight_names`), which
+        each actor checks against its own policy's before loading any.
     """
 
     def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], num_actors: int,
                  sigmas: Sequence[float], seed: int, weights_every: int, capacity: int, max_restarts: int,
-                 address: str = "127.0.0.1:0", resume_step: int = 0):
-        self.service = LearnerService(weights, shapes, capacity, address)
+                 address: str = "127.0.0.1:0", resume_step: int = 0, acting: str = DEFAULT_ACTING,
+                 weight_names: Optional[Sequence[str]] = None):
+        self.service = LearnerService(weights, shapes, capacity, address, names=weight_names)
         self.sigmas, self.seed, self.weights_every = list(sigmas), int(seed), int(weights_every)
         self.max_restarts, self.restarts = int(max_restarts), 0
-        self.resume_step = int(resume_step)
+        self.resume_step, self.acting = int(resume_step), acting
         self.restart_counts: Dict[int, int] = {i: 0 for i in range(num_actors)}   # actor id -> its restarts
         self._dir = tempfile.TemporaryDirectory(prefix="expframe_actors_")
         self.config_path = os.path.join(self._dir.name, "config.gin")
         with open(self.config_path, "w", encoding="utf-8") as f:
             f.write(gin.config_str())
-        self.processes: Dict[int, Optional[subprocess.Popen]] = {}
+        self.processes: Dict[int, Optional[processes.Child]] = {}
+        self.stopping = False
+        self._closed = False
+        self._chained: Dict[int, Tuple[object, object]] = {}   # signal -> (our handler, the one before)
+        self._watch_stop_signals()
         for actor_id in range(num_actors):
             self._start(actor_id)
         atexit.register(self.close)
+
+    def _watch_stop_signals(self) -> None:
+        """Notes a SIGINT or SIGTERM to the learner (then calls the handler it had, e.g. the
+        trainer's checkpoint-and-exit): from then on no actor is restarted."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOP_SIGNALS:
+            previous = signal.getsignal(signum)
+            if not callable(previous):
+                continue   # the default action or ignored: the learner ends, or the signal does nothing
+
+            def handler(number, frame, previous=previous):
+                self.stopping = True
+                return previous(number, frame)
+            self._chained[signum] = (handler, previous)
+            signal.signal(signum, handler)
+
+    def _unwatch_stop_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, (handler, previous) in self._chained.items():
+            if signal.getsignal(signum) is handler:
+                signal.signal(signum, previous)
+        self._chained = {}
 
     def command(self, actor_id: int) -> List[str]:
         """The command line of actor `actor_id`'s next start (as run on this host)."""
@@ -83,22 +127,30 @@ class ActorPool:
                 f"--actor_id={actor_id}", f"--seed={self.seed}", f"--restart={self.restart_counts[actor_id]}",
                 f"--resume_step={self.resume_step}", f"--sigma={self.sigmas[actor_id]}",
                 f"--weights_every={self.weights_every}", f"--gin_config={self.config_path}",
-                f"--stats_file={os.path.join(self._dir.name, f'actor_{actor_id}.json')}"]
+                f"--stats_file={os.path.join(self._dir.name, f'actor_{actor_id}.json')}", f"--acting={self.acting}"]
 
     def _start(self, actor_id: int) -> None:
-        self.processes[actor_id] = subprocess.Popen(self.command(actor_id), stdin=subprocess.DEVNULL)
+        # Its own session; its output stays on the learner's stderr.
+        self.processes[actor_id] = processes.owner().start(self.command(actor_id), name=f"actor {actor_id}",
+                                                           capture=False, forward=False)
 
     @property
     def alive(self) -> int:
         return sum(p is not None for p in self.processes.values())
 
     def check(self) -> None:
-        """Logs and restarts (within the budget) exited actors; RunError when none is left."""
+        """Logs and restarts (within the budget) exited actors; RunError when none is left.
+        Once the learner is stopping, an exited actor is not restarted."""
         for actor_id, process in self.processes.items():
             if process is None or process.poll() is None:
                 continue
             status = _status(process.returncode)
-            if self.restarts < self.max_restarts:
+            processes.owner().reap(process)
+            self.service.release(actor_id)   # its restart sends under the same id
+            if self.stopping:
+                _log(f"actor {actor_id} (pid {process.pid}) {status}; not restarted: the learner is stopping")
+                self.processes[actor_id] = None
+            elif self.restarts < self.max_restarts:
                 self.restarts += 1
                 self.restart_counts[actor_id] += 1
                 _log(f"actor {actor_id} (pid {process.pid}) {status}; restarting it "
@@ -133,15 +185,20 @@ class ActorPool:
                     out[actor_id] = json.load(f)
         return out
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Tells the actors to stop (the service refuses them), then ends any still running."""
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Tells the actors to stop (the service refuses them) and waits up to `timeout_s`
+        for them; then SIGTERM, and SIGKILL after a grace, to any still running (an actor
+        holds nothing the learner needs: a chunk it is acting is dropped either way; its
+        render worker stops at end of file, or by the actor's guard). No actor is
+        restarted after this."""
+        self.stopping = True
+        if self._closed:
+            return
+        self._closed = True
+        self._unwatch_stop_signals()
         self.service.close()
+        running = [p for p in self.processes.values() if p is not None]
         deadline = time.monotonic() + timeout_s
-        for process in self.processes.values():
-            if process is None:
-                continue
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        while any(p.alive() for p in running) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        processes.owner().stop(running, signal.SIGTERM, grace_s=3.0)

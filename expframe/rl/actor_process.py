@@ -10,6 +10,19 @@ Seeds: environment and noise from `actor_seeds(seed, actor_id, restart, resume_s
 (`--seed` is the run's seed): give a restarted actor a new `--restart` and the actors
 of a resumed learner its `--resume_step`, or they repeat their episodes and noise.
 
+What to act in and with comes from `--acting=module:function` (default
+`expframe.tasks.d4pg:acting_parts`, what `D4PGTask` passes): called after the gin config
+is parsed, with the actor's environment seed, it returns an `ActingParts` (environment,
+acting policy, n_step, discount). The learner's gin config is parsed after
+`--registry=module:function` (default `expframe.config:register_symbols`, the top floor's
+registry) has made its configurables known. The learner names both; rl/ imports neither
+(imports run one way: the task and the registry sit above rl/).
+
+Lifetime: started by `ActorPool` in a session of its own, it ignores SIGINT (the terminal's
+Ctrl-C is the learner's to handle; the learner closes its service when it has saved what it
+needs, and the actor exits). SIGTERM ends it at once; its render worker stops at end of file
+on its socket, or by this process's guard.
+
 Loop: fetch the latest weights (`weights`), take `weights_every` environment steps
 with them (a `SynchronousActor` writing n-step transitions into a local buffer),
 send the buffer (`insert`, retried while the learner refuses: its replay is full or
@@ -20,29 +33,37 @@ be reached (the learner is gone) or its parent process has died.
 """
 
 import argparse
+import importlib
 import os
+import signal
 import sys
 import time
-from typing import Dict, List, Optional
-
-import numpy as np
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from expframe.atomic_files import write_json
 
+DEFAULT_ACTING = "expframe.tasks.d4pg:acting_parts"
+# What makes every configurable of the learner's gin config known (the top floor's registry).
+DEFAULT_REGISTRY = "expframe.config:register_symbols"
 
-class TransitionBuffer:
-    """Collects transitions as a replay would (`add(**fields)`), for sending in one call."""
 
-    def __init__(self):
-        self.rows: List[Dict[str, np.ndarray]] = []
+class ActingParts(NamedTuple):
+    """What an actor process acts in and with (what `--acting`'s function returns)."""
 
-    def add(self, **fields: np.ndarray) -> None:
-        self.rows.append(fields)
+    environment: Any        # reset() / step(action) / action_size (expframe/rl/environments.py)
+    policy: Any             # a keras.Model from observations to actions, taking the learner's acting weights
+    n_step: int
+    discount: float
 
-    def drain(self) -> Dict[str, np.ndarray]:
-        rows, self.rows = self.rows, []
-        from expframe.rl.rpc import FIELDS  # pylint: disable=import-outside-toplevel
-        return {f: np.stack([np.asarray(r[f], np.float32) for r in rows]) for f in FIELDS}
+
+def load_acting(spec: str) -> Callable[..., Any]:
+    """The function `module:function` names (`--acting`, `--registry`); a one-line error if
+    it cannot be found."""
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise SystemExit(f"error: --acting={spec!r}: {type(error).__name__}: {error} (give module:function)") from None
 
 
 class ProcessActor:
@@ -51,11 +72,11 @@ class ProcessActor:
     Args:
       client: an `ActorClient`.
       actor: a `SynchronousActor` whose adder writes into `buffer`.
-      buffer: the `TransitionBuffer` behind the actor's adder.
+      buffer: the `expframe.rl.experience.TransitionBuffer` behind the actor's adder.
       weights_every: environment steps between weight fetches (and inserts).
     """
 
-    def __init__(self, client, actor, buffer: TransitionBuffer, weights_every: int):
+    def __init__(self, client, actor, buffer, weights_every: int):
         self.client, self.actor, self.buffer = client, actor, buffer
         self.weights_every = int(weights_every)
         self.weight_wait_s = 0.0      # time spent fetching weights
@@ -63,7 +84,15 @@ class ProcessActor:
         self.fetches = 0
 
     def step(self) -> bool:
-        """One fetch, `weights_every` steps, one insert; False once the learner has closed."""
+        """One fetch, `weights_every` steps, one insert; False once the learner has closed.
+
+        Raises:
+          WeightNamesError: (first call) the learner sends other weights than this policy has.
+          DuplicateActorError: another live actor sends under this actor's id.
+        """
+        if not self.fetches:
+            from expframe.rl.actors import weight_names  # pylint: disable=import-outside-toplevel
+            self.client.check_names(weight_names(self.actor.policy.policy))
         started = time.perf_counter()
         version, weights = self.client.weights()
         self.weight_wait_s += time.perf_counter() - started
@@ -104,28 +133,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--weights_every", type=int, default=100, help="environment steps between weight fetches")
     parser.add_argument("--gin_config", required=True, help="the learner's gin config (environment, networks)")
     parser.add_argument("--stats_file", default=None, help="JSON of timings written at exit")
+    parser.add_argument("--acting", default=DEFAULT_ACTING,
+                        help="module:function(environment_seed) -> ActingParts, called after the gin config is parsed")
+    parser.add_argument("--registry", default=DEFAULT_REGISTRY,
+                        help="module:function() that registers the gin config's configurables")
     args = parser.parse_args(argv)
+    # The terminal's Ctrl-C is the learner's: it checkpoints, then closes its service (we exit).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     import gin  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from expframe import config  # pylint: disable=import-outside-toplevel
     from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds  # pylint: disable=import-outside-toplevel
-    from expframe.rl.experience import actor_buffer, observation_spec  # pylint: disable=import-outside-toplevel
-    from expframe.rl.rpc import ActorClient  # pylint: disable=import-outside-toplevel
-    from expframe.tasks.d4pg import D4PGTask  # pylint: disable=import-outside-toplevel
+    from expframe.rl.experience import actor_buffer, observation_spec  # noqa: E501  pylint: disable=import-outside-toplevel
+    from expframe.rl.rpc import ActorClient, DuplicateActorError, WeightNamesError  # pylint: disable=import-outside-toplevel
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    config.register_symbols()
+    acting = load_acting(args.acting)
+    load_acting(args.registry)()
     with gin.unlock_config():
         gin.parse_config_file(args.gin_config, skip_unknown=True)
-    task = D4PGTask()
     env_seed, noise_seed = actor_seeds(args.seed, args.actor_id, args.restart, args.resume_step)
-    environment = task._environment_fn(seed=env_seed)  # pylint: disable=protected-access
+    parts = acting(env_seed)
+    environment = parts.environment
     # Transitions (state features) or steps with frames (pixels): expframe/rl/experience.py.
-    buffer, adder = actor_buffer(environment, task.n_step, task.discount)
-    executor = PolicyExecutor(task.make_acting_policy(environment), observation_spec(environment)[0])
+    buffer, adder = actor_buffer(environment, parts.n_step, parts.discount)
+    executor = PolicyExecutor(parts.policy, observation_spec(environment)[0])
     actor = SynchronousActor(environment, executor, adder, sigma=args.sigma, seed=noise_seed)
     runner, parent, code = None, os.getppid(), 0
     try:
@@ -139,6 +173,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"actor {args.actor_id}: the learner at {args.address} does not answer "
               f"({type(error).__name__}); stopping", file=sys.stderr)
         code = 1
+    except (DuplicateActorError, WeightNamesError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = 2
+    finally:
+        if hasattr(environment, "close"):
+            environment.close()   # a pixel environment's render worker
     if args.stats_file and runner is not None:
         write_json(args.stats_file, runner.stats(), indent=None)
     return code

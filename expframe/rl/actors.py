@@ -67,6 +67,30 @@ def _numpy_layer(layer: keras.layers.Layer) -> Callable[[np.ndarray], np.ndarray
     return layer_norm
 
 
+def weight_names(*models: keras.Model) -> List[str]:
+    """Names for the weights of `models`, in `get_weights()` order, one model after the other:
+    'LAYER_INDEX:LAYER_CLASS/WEIGHT' where LAYER_INDEX counts the layers that hold weights,
+    through nested models, from the first model on. A model composed of these models (the
+    acting policy: encoder, then policy) gets the same names when its weights come in the
+    same order, and different ones where a weight comes elsewhere."""
+    leaves: List[keras.layers.Layer] = []
+
+    def walk(layer):
+        inner = getattr(layer, "layers", None)
+        if inner:
+            for sub in inner:
+                walk(sub)
+        elif layer.weights:
+            leaves.append(layer)
+    for model in models:
+        walk(model)
+    owner = {}
+    for i, layer in enumerate(leaves):
+        for weight in layer.weights:
+            owner.setdefault(id(weight), f"{i}:{type(layer).__name__}/{weight.name}")
+    return [owner.get(id(w), f"?:{type(model).__name__}/{w.name}") for model in models for w in model.weights]
+
+
 class PolicyExecutor:
     """Runs a Keras policy on one observation at a time.
 

@@ -12,7 +12,7 @@
 An environment observes pixels when it has a `frame_shape` (`expframe/rl/pixels.py`).
 """
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -20,6 +20,20 @@ from expframe.rl.adders import NStepAdder
 from expframe.rl.frame_replay import STEP_FIELDS, FrameAdder, FrameReplay, StepBuffer
 from expframe.rl.replay import PrioritizedReplay
 from expframe.rl.rpc import FIELDS
+
+
+class TransitionBuffer:
+    """Collects transitions as a replay would (`add(**fields)`), for sending in one call."""
+
+    def __init__(self):
+        self.rows: List[Dict[str, np.ndarray]] = []
+
+    def add(self, **fields: np.ndarray) -> None:
+        self.rows.append(fields)
+
+    def drain(self) -> Dict[str, np.ndarray]:
+        rows, self.rows = self.rows, []
+        return {f: np.stack([np.asarray(r[f], np.float32) for r in rows]) for f in FIELDS}
 
 
 def observes_pixels(environment) -> bool:
@@ -70,7 +84,6 @@ def actor_buffer(environment, n_step: int, discount: float) -> Tuple[Any, Any]:
     if observes_pixels(environment):
         buffer = StepBuffer(environment.frame_shape[-1])
         return buffer, buffer
-    from expframe.rl.actor_process import TransitionBuffer  # pylint: disable=import-outside-toplevel
     buffer = TransitionBuffer()
     return buffer, NStepAdder(buffer, n_step, discount)
 

@@ -15,6 +15,11 @@ kept for this process and written into `os.environ["MUJOCO_GL"]`, so processes s
 later (actor processes) inherit it. When none renders, `ConfigError` says in one line
 what to install or set (exit 2 from main.py).
 
+Lifetime: the worker starts through the process's `expframe.processes.owner()`, in a session
+of its own, so a signal to the learner's process group (a terminal's Ctrl-C, `kill -- -PGID`)
+does not reach it; it ignores SIGINT itself as well. It stops when told (`close`), when its
+owner stops it (SIGTERM), or at end of file on its socket (its parent has gone).
+
 Messages (pickled, `multiprocessing.connection`): ("init", kwargs) -> ("ok", info) |
 ("config_error", line) | ("render_error", line); ("reset",) -> frame;
 ("step", action) -> (frame, reward, discount, last); ("reseed", seed) -> None; ("close",).
@@ -22,12 +27,14 @@ Messages (pickled, `multiprocessing.connection`): ("init", kwargs) -> ("ok", inf
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
 from multiprocessing.connection import Connection
 from typing import Any, Dict, Optional, Tuple
 
+from expframe import processes
 from expframe.errors import ConfigError, RunError
 
 BACKENDS = ("egl", "osmesa")
@@ -49,22 +56,30 @@ class RenderWorker:
         parent, child = socket.socketpair()
         env = dict(os.environ, MUJOCO_GL=backend)
         env.pop("PYOPENGL_PLATFORM", None)
-        self.process = subprocess.Popen([sys.executable, "-m", "expframe.rl.rendering", f"--fd={child.fileno()}"],
-                                        pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
-        child.close()
+        # Its own session (a signal to our group does not reach it); its output stays on our stderr.
+        try:
+            self.child = processes.owner().start(
+                [sys.executable, "-m", "expframe.rl.rendering", f"--fd={child.fileno()}"],
+                name=f"render worker ({kwargs.get('name', 'control_suite')})", env=env,
+                pass_fds=[child.fileno()], capture=False, forward=False)
+        finally:
+            child.close()
         self._conn = Connection(parent.detach())
         self.status, self.info = self._call(("init", kwargs), starting=True)
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
 
     def _call(self, message: Tuple, starting: bool = False):
         try:
             self._conn.send(message)
             return self._conn.recv()
         except (EOFError, OSError) as error:
-            code = self.process.wait()
+            status = processes.describe_status(self.child.wait())
             if starting:
-                return "render_error", f"the render worker exited with status {code} ({type(error).__name__})"
-            raise RunError(f"control_suite: the render worker (pid {self.process.pid}) exited with status "
-                           f"{code}; stopping.") from error
+                return "render_error", f"the render worker {status} ({type(error).__name__})"
+            raise RunError(f"control_suite: the render worker (pid {self.child.pid}) {status}; stopping.") from error
 
     def reset(self):
         return self._call(("reset",))
@@ -81,20 +96,23 @@ class RenderWorker:
         if conn is not None and not conn.closed:
             conn.close()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Tells the worker to stop and waits for it (SIGTERM, then SIGKILL, after `timeout_s`)."""
         if self._conn.closed:
             return
-        if self.process.poll() is None:
+        if self.child.alive():
             try:
                 self._conn.send(("close",))
             except OSError:
                 pass
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._conn.close()
+        self._conn.close()   # end of file for a worker that is busy, or did not read the message
+        owner = processes.owner()
+        try:
+            self.child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            owner.stop([self.child], signal.SIGTERM, grace_s=3.0)
+            return
+        owner.reap(self.child)
 
 
 def start_worker(**kwargs) -> RenderWorker:
@@ -141,7 +159,7 @@ def _open(name: str, action_repeat: int, seed: int, size: int, camera: int) -> T
     # here, before expframe's state-feature path would import it without one.
     from dm_control import suite  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
 
-    from expframe.rl.environments import ControlSuiteEnvironment  # pylint: disable=import-outside-toplevel
+    from expframe.rl.suite_environment import ControlSuiteEnvironment  # pylint: disable=import-outside-toplevel
     env = ControlSuiteEnvironment(name, action_repeat, seed)
     cameras = env._env.physics.model.ncam  # pylint: disable=protected-access
     if not 0 <= camera < cameras:
@@ -188,6 +206,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Renders a Control Suite task for a parent process.")
     parser.add_argument("--fd", type=int, required=True, help="the socket to the parent")
     args = parser.parse_args(argv)
+    # The terminal's Ctrl-C is the parent's to handle: it closes this worker when its run
+    # has saved what it needs (end of file on the socket, or SIGTERM from its owner).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(args.fd)
     try:
         serve(conn)

@@ -4,9 +4,23 @@ Transport is TensorFlow's gRPC RPC (`tf.distribute.experimental.rpc`): the learn
 runs a `Server` with two methods, each a `tf.function` whose body hands its tensors
 to Python on the learner's host (`tf.numpy_function`):
 
-  weights(actor_id)            -> (version, *policy weights)   the latest published policy
-  insert(actor_id, version, observation, action, reward, discount, next_observation,
+  weights(actor_id, sender)    -> (version, *policy weights)   the latest published policy
+  insert(actor_id, sender, version, observation, action, reward, discount, next_observation,
          episode_returns)      -> accepted (0 or 1)
+  weight_names()               -> the names of the weights, in the order they are sent
+
+One sender per actor id: `sender` is a number each `ActorClient` draws (its pid in the
+high bits), and the first sender of an id owns it while it keeps calling. A second sender
+under a live id (two actors started with one `--actor_id`) would interleave its steps
+with the first one's in one stream of the learner's replay; it is refused (-2 from both
+methods, which `ActorClient` turns into `DuplicateActorError`) and the learner logs one
+line. An id whose sender has been silent `sender_timeout_s`, or that the learner
+`release`d (its actor exited), goes to the next sender.
+
+Weights by name: the learner gives the names of the weights it sends (`names`, e.g.
+`expframe.rl.actors.weight_names(encoder, policy)`), and an actor compares them with its
+own model's before it loads any (`ActorClient.check_names`): several kernels of one shape
+(a pixel encoder's) would otherwise load in a wrong order without an error.
 
 The fields an insert carries are the service's `shapes` (by default `FIELDS`, whole
 transitions of float32; pixel actors send `expframe.rl.frame_replay.STEP_FIELDS`, uint8
@@ -22,7 +36,9 @@ Bound to 127.0.0.1 by default; give `address='0.0.0.0:PORT'` (or a host's addres
 to serve actors on other machines.
 """
 
+import os
 import socket
+import sys
 import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -32,6 +48,15 @@ import tensorflow as tf
 
 FIELDS = ("observation", "action", "reward", "discount", "next_observation")
 MAX_HELD_INSERTS = 8   # inserts held at once waiting for room; the CPU target has 16 inter-op threads
+DUPLICATE = -2         # what both methods answer a second live sender of an actor id
+
+
+class DuplicateActorError(RuntimeError):
+    """The learner refuses this actor: another live actor sends under its actor id."""
+
+
+class WeightNamesError(RuntimeError):
+    """The learner's weights are not the ones this actor's model has, in its order."""
 
 
 def _spec(spec) -> Tuple[Tuple[int, ...], tf.DType]:
@@ -65,10 +90,13 @@ class LearnerService:
       address: host:port to bind; port 0 picks a free one.
       insert_wait_s: how long an insert that does not fit waits for room before it is
         refused (the actor then retries).
+      names: the weights' names, in order (None: actors cannot check them).
+      sender_timeout_s: how long an actor id stays with a sender that stopped calling.
     """
 
     def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], capacity: int,
-                 address: str = "127.0.0.1:0", insert_wait_s: float = 0.05):
+                 address: str = "127.0.0.1:0", insert_wait_s: float = 0.05, names: Optional[Sequence[str]] = None,
+                 sender_timeout_s: float = 120.0):
         host, port = address.rsplit(":", 1)
         port = int(port) or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
         self.address = f"{host}:{port}"
@@ -87,13 +115,20 @@ class LearnerService:
         self.versions_used: Dict[int, int] = {}   # actor id -> version of its last insert
         self.episode_returns: List[float] = []
         self.closed = False
+        self.names = None if names is None else [str(n) for n in names]
+        if self.names is not None and len(self.names) != len(self._weights):
+            raise ValueError(f"LearnerService: {len(self.names)} names for {len(self._weights)} weights.")
+        self.sender_timeout_s = float(sender_timeout_s)
+        self.senders: Dict[int, Tuple[int, float]] = {}   # actor id -> (sender, when it last called)
+        self.duplicates_refused = 0
+        self._refused_senders = set()
         self._server = tf.distribute.experimental.rpc.Server.create("grpc", self.address)
         weight_specs = [tf.TensorSpec(w.shape, tf.as_dtype(w.dtype)) for w in self._weights]
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
-        def weights_fn(actor_id):
-            out = tf.numpy_function(self._get_weights, [actor_id], [tf.int64] + [s.dtype for s in weight_specs],
-                                    stateful=True)
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
+        def weights_fn(actor_id, sender):
+            out = tf.numpy_function(self._get_weights, [actor_id, sender],
+                                    [tf.int64] + [s.dtype for s in weight_specs], stateful=True)
             out[0].set_shape([])
             for tensor, spec in zip(out[1:], weight_specs, strict=True):
                 tensor.set_shape(spec.shape)
@@ -102,15 +137,22 @@ class LearnerService:
         self.fields = tuple(shapes)
         field_specs = [tf.TensorSpec((None,) + shape, dtype) for shape, dtype in map(_spec, shapes.values())]
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)] + field_specs
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64)] * 3 + field_specs
                      + [tf.TensorSpec([None], tf.float32)])
-        def insert_fn(actor_id, version, *arrays):
-            accepted = tf.numpy_function(self._insert, [actor_id, version, *arrays], tf.int64, stateful=True)
+        def insert_fn(actor_id, sender, version, *arrays):
+            accepted = tf.numpy_function(self._insert, [actor_id, sender, version, *arrays], tf.int64, stateful=True)
             accepted.set_shape([])
             return accepted
 
+        names_tensor = tf.constant(self.names or [], tf.string, shape=[len(self.names or [])])
+
+        @tf.function(input_signature=[])
+        def names_fn():
+            return names_tensor
+
         self._server.register("weights", weights_fn)
         self._server.register("insert", insert_fn)
+        self._server.register("weight_names", names_fn)
         self._server.start()
 
     # -- learner side ------------------------------------------------------------------
@@ -166,6 +208,11 @@ class LearnerService:
             out, self.episode_returns = self.episode_returns, []
         return out
 
+    def release(self, actor_id: int) -> None:
+        """Actor `actor_id` has exited: its id goes to the next sender (its restart)."""
+        with self._lock:
+            self.senders.pop(int(actor_id), None)
+
     def close(self) -> None:
         """Refuses every later insert and fetch (the gRPC server lives until the process ends)."""
         with self._lock:
@@ -174,8 +221,26 @@ class LearnerService:
 
     # -- RPC bodies (host side) --------------------------------------------------------
 
-    def _get_weights(self, actor_id):
+    def _admit(self, actor_id: int, sender: int) -> bool:
+        """Whether `sender` may call as `actor_id` (lock held): the id is free, its sender's
+        own, or its sender has been silent `sender_timeout_s`. Logs a refused sender once."""
+        now = time.monotonic()
+        owner = self.senders.get(actor_id)
+        if owner is None or owner[0] == sender or now - owner[1] > self.sender_timeout_s:
+            self.senders[actor_id] = (sender, now)
+            return True
+        self.duplicates_refused += 1
+        if sender not in self._refused_senders:
+            self._refused_senders.add(sender)
+            print(f"LearnerService: refused a second actor sending as actor id {actor_id} (pid {sender >> 32}); "
+                  f"actor id {actor_id} is taken by pid {owner[0] >> 32} (its steps would interleave in one "
+                  f"replay stream): give each actor its own --actor_id", file=sys.stderr, flush=True)
+        return False
+
+    def _get_weights(self, actor_id, sender):
         with self._lock:
+            if not self.closed and not self._admit(int(actor_id), int(sender)):
+                return [np.int64(DUPLICATE)] + self._weights
             return [np.int64(-1 if self.closed else self.version)] + self._weights
 
     def _fits(self, count: int) -> bool:
@@ -184,11 +249,13 @@ class LearnerService:
         return self._pending_count + count <= self.capacity and (
             self._limit is None or self.inserted + count <= self._limit)
 
-    def _insert(self, actor_id, version, *arrays):
+    def _insert(self, actor_id, sender, version, *arrays):
         arrays, returns = arrays[:-1], arrays[-1]
         count = len(arrays[0])
         deadline = time.monotonic() + self.insert_wait_s
         with self._lock:
+            if not self.closed and not self._admit(int(actor_id), int(sender)):
+                return np.int64(DUPLICATE)
             # Held here (not refused at once) while the learner may still let it in: the
             # insert goes through the moment `allow` or `take` makes room, and the actor
             # does not poll (each poll is an RPC, CPU on both sides of a shared machine).
@@ -228,18 +295,58 @@ class ActorClient:
 
     def __init__(self, address: str, actor_id: int, timeout_s: float = 30.0):
         self.actor_id = int(actor_id)
+        self.address = address
+        # Who is sending: this process's pid in the high bits, 32 random bits below.
+        self.sender = (os.getpid() << 32) | int.from_bytes(os.urandom(4), "big")
         self._client = tf.distribute.experimental.rpc.Client.create(
             "grpc", address, name=f"actor_{actor_id}", timeout_in_ms=int(timeout_s * 1000))
 
+    def _refused(self) -> DuplicateActorError:
+        return DuplicateActorError(
+            f"actor {self.actor_id}: the learner at {self.address} refuses this actor: another live actor sends as "
+            f"actor id {self.actor_id}; give each actor its own --actor_id")
+
+    def _ids(self) -> List[tf.Tensor]:
+        return [tf.constant(self.actor_id, tf.int64), tf.constant(self.sender, tf.int64)]
+
     def weights(self) -> Tuple[int, List[np.ndarray]]:
-        """(version, weights); version -1 means the learner has closed."""
-        out = self._client.weights(tf.constant(self.actor_id, tf.int64)).get_value()
+        """(version, weights); version -1 means the learner has closed.
+
+        Raises:
+          DuplicateActorError: another live actor sends under this actor id.
+        """
+        out = self._client.weights(*self._ids()).get_value()
+        if int(out[0]) == DUPLICATE:
+            raise self._refused()
         return int(out[0]), [np.asarray(w) for w in out[1:]]
+
+    def weight_names(self) -> List[str]:
+        """The names the learner gives its weights, in the order it sends them ([]: none given)."""
+        out = self._client.weight_names().get_value()
+        return [n.decode() for n in np.asarray(out).reshape(-1).tolist()]
+
+    def check_names(self, names: Sequence[str]) -> None:
+        """Raises `WeightNamesError` unless the learner's weights are `names`, in that order
+        (a learner that gives no names is not checked)."""
+        theirs = self.weight_names()
+        if not theirs or list(theirs) == list(names):
+            return
+        if len(theirs) != len(names):
+            what = f"the learner sends {len(theirs)} weights, this actor's policy has {len(names)}"
+        else:
+            i = next(i for i, (a, b) in enumerate(zip(theirs, names, strict=True)) if a != b)
+            what = f"weight {i} is the learner's {theirs[i]!r} but this actor's {names[i]!r}"
+        raise WeightNamesError(f"actor {self.actor_id}: the learner's weights do not match this actor's policy "
+                               f"({what}); the learner and the actor must build the same acting policy "
+                               "(same gin config and expframe version).")
 
     def insert(self, version: int, transitions: Dict[str, np.ndarray], returns: Sequence[float]) -> int:
         """Sends transitions (the service's fields, in its order, with their dtypes);
         1 accepted, 0 refused (retry later), -1 the learner has closed."""
-        args = [tf.constant(self.actor_id, tf.int64), tf.constant(version, tf.int64)]
+        args = self._ids() + [tf.constant(version, tf.int64)]
         args += [tf.constant(np.asarray(array)) for array in transitions.values()]
         args.append(tf.constant(np.asarray(returns, np.float32).reshape(-1)))
-        return int(self._client.insert(*args).get_value())
+        accepted = int(self._client.insert(*args).get_value())
+        if accepted == DUPLICATE:
+            raise self._refused()
+        return accepted

@@ -35,6 +35,8 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
                           leaves the data position out of checkpoints and the task's
                           trackables() carry what it needs to resume.
   write_outputs(dir, step) optional: artefacts such as GAN sample grids.
+  close()                 optional: stops what the task started (D4PG's actor processes
+                          and render workers); runs on every exit path of a run.
   xla_incompatible        class attribute; None, or why XLA cannot compile
                           train_step (e.g. it calls the host): the step then never
                           runs under Replicator.jit_compile, and jit_compile=True is
@@ -98,6 +100,10 @@ class Task:
 
     def write_outputs(self, model_dir: str, step: int) -> None:
         """Optional artefacts written by the chief after each evaluation."""
+
+    def close(self) -> None:
+        """Releases what the task holds outside TensorFlow (processes, files); called on
+        every exit path of a run (normal end, error, signal), also after a failed `setup`."""
 
 
 def check_step_output(task: Task, method: str, out, key: str, contract: str):

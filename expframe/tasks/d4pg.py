@@ -183,15 +183,18 @@ class D4PGTask(ObservationNetworks, Task):
                 f"Replicator.target={replicator.target!r} runs several: use 'cpu', 'gpu' or 'tpu'.")
         env_seed, eval_seed, replay_seed, noise_seed = np.random.SeedSequence(seed).generate_state(4)
         self._reseed_at_resume = False   # set by restore_acting; done at the first host call
-        self.environment = self._environment_fn(seed=int(env_seed))
+        # With actor processes the learner does not act: no acting environment of its own (for
+        # pixels no idle render worker); the evaluation environment gives the shapes.
+        acting = None if self.num_actors else self._environment_fn(seed=int(env_seed))
         self.eval_environment = self._environment_fn(seed=int(eval_seed))
+        self.environment = acting if acting is not None else self.eval_environment
         (shape, dtype), act = experience.observation_spec(self.environment), self.environment.action_size
         # State features: whole transitions; pixels: each frame once (expframe/rl/experience.py).
         self.replay = experience.make_replay(self.environment, self.max_replay_size, self.n_step, self.discount,
                                              self.priority_exponent, int(replay_seed))
         # The actor's own policy copy lives outside the replicator (plain variables).
         executor = PolicyExecutor(self.make_acting_policy(self.environment), shape)
-        self.actor = SynchronousActor(self.environment, executor,
+        self.actor = SynchronousActor(acting, executor,
                                       experience.make_adder(self.replay, self.n_step, self.discount),
                                       sigma=self.sigma, seed=int(noise_seed))
         b = self.per_replica_batch_size
@@ -371,7 +374,8 @@ class D4PGTask(ObservationNetworks, Task):
             self.actor_pool = ActorPool(self.acting_weights(), shapes, self.num_actors, self.actor_sigmas,
                                         self.seed, self.weights_every, capacity=self.max_replay_size,
                                         max_restarts=self.max_actor_restarts, address=self.actor_service_address,
-                                        resume_step=step)
+                                        resume_step=step, acting=f"{__name__}:acting_parts",
+                                        weight_names=self.acting_weight_names())
             self._insert_offset, self._learner_wait_s, self._remote_started = self.replay.inserted, 0.0, None
         pool = self.actor_pool
         pool.service.publish(self.acting_weights())
@@ -402,6 +406,19 @@ class D4PGTask(ObservationNetworks, Task):
                 "max_weights_version_lag": float(service.max_version_lag),
                 "samples_per_insert": learned / max(self.replay.inserted - self.min_replay_size, 1)}
 
+    def close(self) -> None:
+        """Stops the actor processes and the environments' render workers (the trainer's
+        caller runs this on every exit path; safe to call twice, or before `setup`)."""
+        pool, self.actor_pool = self.actor_pool, None
+        try:
+            if pool is not None:
+                pool.close()
+        finally:
+            environments = [getattr(self, "environment", None), getattr(self, "eval_environment", None)]
+            for environment in {id(e): e for e in environments if e is not None}.values():
+                if hasattr(environment, "close"):
+                    environment.close()
+
     # -- evaluation --------------------------------------------------------------------
 
     def evaluate(self, runner) -> Optional[Dict[str, float]]:
@@ -429,6 +446,16 @@ class D4PGTask(ObservationNetworks, Task):
         self.replay.restore({k[len("replay/"):]: v for k, v in arrays.items() if k.startswith("replay/")})
         self.actor.restore({k[len("actor/"):]: v for k, v in arrays.items() if k.startswith("actor/")})
         self._reseed_at_resume = True
+
+
+def acting_parts(environment_seed: int):
+    """What an actor process acts in and with (`expframe.rl.actor_process --acting`): the
+    gin-configured `D4PGTask`'s environment, seeded `environment_seed`, its acting policy
+    (observation network and policy, taking `acting_weights()`), n_step and discount."""
+    from expframe.rl.actor_process import ActingParts  # pylint: disable=import-outside-toplevel
+    task = D4PGTask()
+    environment = task._environment_fn(seed=environment_seed)  # pylint: disable=protected-access
+    return ActingParts(environment, task.make_acting_policy(environment), task.n_step, task.discount)
 
 
 class _ActingState(tf.train.experimental.PythonState):

@@ -62,6 +62,13 @@ class ObservationNetworks:
         observations = keras.Input(environment.observation_shape, dtype=encoder.inputs[0].dtype)
         return keras.Model(observations, head(encoder(observations)), name="acting_policy")
 
+    def acting_weight_names(self) -> List[str]:
+        """Names of `acting_weights()`, as `expframe.rl.actors.weight_names` gives them for
+        `make_acting_policy()`'s model: an actor checks them before loading the weights."""
+        from expframe.rl.actors import weight_names  # pylint: disable=import-outside-toplevel
+        encoder = [] if self.observation_network is None else [self.observation_network]
+        return weight_names(*encoder, self.policy)
+
     def acting_weights(self) -> List[np.ndarray]:
         """The weights of `make_acting_policy()`'s model: the observation network's, then the policy's."""
         encoder = [] if self.observation_network is None else self.observation_network.get_weights()

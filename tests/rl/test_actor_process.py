@@ -9,10 +9,11 @@ import keras
 import numpy as np
 
 from expframe.models.d4pg import d4pg_policy
-from expframe.rl.actor_process import ProcessActor, TransitionBuffer
+from expframe.rl.actor_process import ProcessActor
 from expframe.rl.actors import PolicyExecutor, SynchronousActor
 from expframe.rl.adders import NStepAdder
 from expframe.rl.environments import control_suite
+from expframe.rl.experience import TransitionBuffer
 from expframe.rl.rpc import ActorClient, LearnerService
 from tests.support import TestCase
 

@@ -3,18 +3,23 @@ random streams (episodes and noise); the same (seed, actor id, restart, resume s
 with the same stream again. Real actor processes started by `ActorPool` (a resumed
 learner's pool, then a restart), fixed weights, against the streams rebuilt in-process."""
 
+import os
+import signal
+import time
+
 import gin
 import keras
 import numpy as np
 import pytest
 
-from expframe import config
+from expframe import config, processes
+from expframe.errors import RunError
 from expframe.models.d4pg import d4pg_policy
 from expframe.rl.actor_pool import ActorPool
-from expframe.rl.actor_process import TransitionBuffer
 from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds
 from expframe.rl.adders import NStepAdder
 from expframe.rl.environments import control_suite
+from expframe.rl.experience import TransitionBuffer
 
 SHAPES = {"observation": (5,), "action": (1,), "reward": (), "discount": (), "next_observation": (5,)}
 GIN = """
@@ -71,14 +76,37 @@ def test_restarted_and_resumed_actors_act_with_new_streams_and_same_numbers_repe
         pool = ActorPool(weights, SHAPES, num_actors=1, sigmas=[0.5], seed=3, weights_every=25, capacity=200,
                          max_restarts=1, resume_step=40)
         resumed = _first_rows(pool)
-        # Kill its actor: the pool restarts it (the actor's restart 1).
+        # The actor leads a session of its own (a signal to the learner's group does not
+        # reach it), and ignores SIGINT itself: it goes on sending.
         process = pool.processes[0]
-        process.kill()
+        assert os.getsid(process.pid) == process.pid != os.getsid(0)
+        process.signal(signal.SIGINT)
+        pool.service.take()
+        _first_rows(pool)
+        assert process.alive()
+        # Kill its actor: the pool restarts it (the actor's restart 1).
+        process.signal(signal.SIGKILL)
         process.wait()
         pool.service.take()
         pool.check()
         assert pool.restart_counts[0] == 1 and "--restart=1" in pool.command(0)
         restarted = _first_rows(pool)
+        # A SIGINT reaches the learner (here: pytest's KeyboardInterrupt, the handler the
+        # pool found): the pool notes that the run is stopping, and restarts nothing more.
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass
+        assert pool.stopping
+        again = pool.processes[0]
+        again.signal(signal.SIGKILL)
+        again.wait()
+        with pytest.raises(RunError, match="all 1 actor processes have exited"):
+            pool.check()
+        assert pool.restarts == 1 and pool.processes[0] is None
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # closed: its handler is gone
+        assert not any(processes.group_alive(p.pid) for p in (process, again))
     finally:
         if pool is not None:
             pool.close()

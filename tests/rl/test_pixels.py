@@ -3,10 +3,13 @@ oldest first, seeded; bad settings and a machine without a working renderer are 
 ConfigErrors naming what to set or install."""
 
 import os
+import signal
+import time
 
 import numpy as np
 import tensorflow as tf
 
+from expframe import processes
 from expframe.errors import ConfigError
 from expframe.rl import rendering
 from expframe.rl.environments import control_suite
@@ -44,8 +47,18 @@ class PixelEnvironmentTest(TestCase):
             other.reseed(7)
             np.testing.assert_array_equal(other.reset(), again)
             other.close()
+            # The render worker leads a session of its own (a Ctrl-C to this process's group
+            # does not reach it), ignores SIGINT itself, and close() leaves nothing running.
+            worker = env._worker  # pylint: disable=protected-access
+            self.assertEqual(os.getsid(worker.pid), worker.pid)
+            self.assertNotEqual(os.getsid(worker.pid), os.getsid(0))
+            os.kill(worker.pid, signal.SIGINT)
+            time.sleep(0.5)
+            self.assertEqual(env.reset().shape, (32, 32, 9))
         finally:
             env.close()
+        self.assertFalse(processes.group_alive(worker.pid))
+        self.assertFalse(processes.group_alive(other._worker.pid))  # pylint: disable=protected-access
 
     def test_bad_settings_are_config_errors(self):
         with self.assertRaisesRegex(ConfigError, r"control_suite.camera=5: cartpole/swingup has 2 camera\(s\)"):
