@@ -136,6 +136,9 @@ class Combination:
     precision: str
     refusal: str = ""  # regex of the one-line refusal (names the binding to change); empty: must match
     slow: bool = False  # only in the slow test (-m slow) and the regenerated table: its cost, not its result
+    # Run as a user's command, `python main.py ...` in a process of its own, not in a group's
+    # process: a refusal's exit status, its output and the model_dir are then the process's.
+    via_main: bool = False
 
     @property
     def key(self) -> str:
@@ -144,6 +147,11 @@ class Combination:
     @property
     def slug(self) -> str:
         return re.sub(r"[^a-z0-9]+", "_", self.key.lower()).strip("_")
+
+    @property
+    def is_reference(self) -> bool:
+        """Whether this is the run its family's others are compared with."""
+        return self.key == reference(self.family).key
 
     @property
     def suite(self) -> str:
@@ -188,7 +196,8 @@ def combinations(slow: bool = True) -> List[Combination]:
     for target in ("mesh 1x1", "mesh 2x2"):
         out += [Combination("vit_mesh", target, p, _MESH_PRECISION if p != "float32" else "") for p in PRECISIONS]
     out.append(Combination("vit_mesh", "cpu x1", "float32",
-                           r"^MeshClassificationTask needs Replicator.target='mesh'.*set Replicator.target"))
+                           r"^MeshClassificationTask needs Replicator.target='mesh'.*set Replicator.target",
+                           via_main=True))
     return [c for c in out if slow or not c.slow]
 
 
@@ -202,7 +211,7 @@ GROUPS = ({"sngan"}, {"classification", "d4pg", "vit_mesh"})
 
 
 def _in_group(combo: Combination, group: int) -> bool:
-    return not TARGETS[combo.target].launch and combo.family in GROUPS[group]
+    return not TARGETS[combo.target].launch and not combo.via_main and combo.family in GROUPS[group]
 
 
 # -- parameters ------------------------------------------------------------------------
@@ -258,7 +267,11 @@ def passes(combo: Combination, result: dict) -> Tuple[bool, str]:
             return False, f"should be refused, got {result['result']}: {result.get('error', '')}"
         line = result["error"]
         ok = bool(re.search(combo.refusal, line)) and result.get("exit_code") == 2 and not result.get("wrote")
-        return ok, f"refusal {line!r} (exit {result.get('exit_code')}, wrote {result.get('wrote')})"
+        if combo.via_main:  # main.py's whole output is the one line
+            ok = ok and result.get("via") == "main.py" and result.get("output_lines") == 1
+        return ok, (f"refusal {line!r} (exit {result.get('exit_code')}, wrote {result.get('wrote')}"
+                    + (f", {result.get('output_lines')} line(s) of output from {result.get('via')}"
+                       if combo.via_main else "") + ")")
     if result["result"] != "ran":
         return False, f"did not run: {result.get('error', '')}"
     a = result["agreement"]
@@ -329,10 +342,13 @@ def _env(data_dir: str) -> dict:
 
 
 def _start_launch(combo: Combination, work_dir: str, data_dir: str):
+    """Starts a cluster target's combination through the launcher, or a `via_main` one as
+    `python main.py` alone; returns (process, log file, model_dir)."""
     family = FAMILIES[combo.family]
     model_dir = os.path.join(work_dir, combo.slug)
-    command = ([sys.executable, "-m", "expframe.launch", *TARGETS[combo.target].launch, "--",
-                "main.py", f"--gin_file={family.gin_file}", f"--model_dir={model_dir}", "--mode=train"]
+    launch = TARGETS[combo.target].launch
+    command = ([sys.executable] + (["-m", "expframe.launch", *launch, "--"] if launch else [])
+               + ["main.py", f"--gin_file={family.gin_file}", f"--model_dir={model_dir}", "--mode=train"]
                + [f"--gin_param={b}" for b in combo.bindings()])
     log = open(os.path.join(work_dir, combo.slug + ".log"), "w", encoding="utf-8")  # pylint: disable=consider-using-with
     proc = subprocess.Popen(command, cwd=ROOT, env=_env(data_dir), stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -343,8 +359,10 @@ def _launch_result(combo: Combination, returncode: int, log_path: str, model_dir
                    cpu_seconds: float) -> dict:
     with open(log_path, encoding="utf-8") as f:
         lines = f.read().splitlines()
-    errors = [line.split("error: ", 1)[1] for line in lines if "] error: " in line]
-    timing = {"seconds": seconds, "cpu_seconds": cpu_seconds}
+    # The launcher prefixes each process's lines (`[worker 0] error: ...`); main.py alone does not.
+    errors = [m.group(1) for m in map(re.compile(r"^(?:\[[^\]]+\] )?error: (.*)$").match, lines) if m]
+    timing = {"seconds": seconds, "cpu_seconds": cpu_seconds, "via": "launch" if TARGETS[combo.target].launch
+              else "main.py", "output_lines": sum(bool(line.strip()) for line in lines)}
     if returncode != 0:
         refused = returncode == 2 and len(set(errors)) == 1  # every process said the same one line
         return {"result": "refused" if refused else "failed", "exit_code": returncode,
@@ -357,7 +375,7 @@ def run_matrix(data_dir: str, work_dir: str, slow: bool = False, parallel: int =
     """Runs the combinations (with `slow`, all; else those of the default tests; in-process
     groups and cluster launches, `parallel` at once, the costliest first) and returns each
     one's result with its agreement to its family's reference."""
-    launches = [("launch", c) for c in combinations(slow) if TARGETS[c.target].launch]
+    launches = [("launch", c) for c in combinations(slow) if TARGETS[c.target].launch or c.via_main]
     jobs = [("group", 0), launches[0], ("group", 1)] + launches[1:]
     running, results = [], {}
     while jobs or running:
@@ -463,6 +481,11 @@ def header() -> str:
     low, high = 1 - MIXED_NORM_TOLERANCE, 1 + MIXED_NORM_TOLERANCE
     notes = "".join(textwrap.fill(f"- {f.note}", 88, subsequent_indent="  ") + "\n"
                     for f in FAMILIES.values() if f.note)
+    via = " and ".join(f"`{c.family}` on `{c.target}` at {c.precision}" for c in combinations() if c.via_main)
+    via_main = textwrap.fill(
+        f"A refusal in a group's process takes its exit status from the error's class; {via} runs "
+        "as a user's command, `python main.py` in a process of its own, and its row checks that process: "
+        "exit status 2, the one line all it printed, and no model_dir left behind.", 88)
     return f"""# Conformance matrix: same science on every path
 
 Generated by `{REGENERATE}` from the data of
@@ -474,9 +497,12 @@ command above.
 Every shipped task family runs its shipped gin file shrunk by bindings (batch 4,
 {STEPS} updates, tiny networks; `tests/conformance/matrix.py`) through `run_experiment`,
 as `main.py` runs it, or through `python -m expframe.launch -- main.py` for the
-cluster targets. Each combination either **matches** the family's float32 run on one
-replica (`cpu x1`; `mesh 1x1` for the mesh task) or is **refused** before any step is
-traced or anything is written, with one line (exit 2) naming the binding to change.
+cluster targets. A family's float32 run on one replica (`cpu x1`; `mesh 1x1` for the
+mesh task) is its **reference**; every other combination either **matches** it or is
+**refused** before any step is traced or anything is written, with one line (exit 2)
+naming the binding to change.
+
+{via_main}
 
 - **Parameters**: the trainable variables of the family's networks after {STEPS} updates
   (batch-norm statistics and spectral-norm vectors are state and are left out); the
@@ -507,6 +533,8 @@ model at the same precision on `cpu x2` is in the default tests).
 
 
 def result_text(combo: Combination, result: dict) -> str:
+    if combo.is_reference and result["result"] == "ran":
+        return "reference"  # what the family's other rows are compared with, not compared with itself
     if result["result"] == "refused":
         binding = re.findall(r"[A-Za-z_]+\.[a-z_]+(?=\s*=)", result["error"])
         return f"refused: `{binding[0]}`" if binding else "refused"
@@ -519,7 +547,7 @@ def render(results: Dict[str, dict], measured: str) -> str:
     rows = []
     for combo in combinations():
         result = results[combo.key]
-        a = result.get("agreement")
+        a = None if combo.is_reference else result.get("agreement")
         numbers = (f"{a['max_abs_diff']:.2e} | {a['cosine']:.6f} | {a['norm_ratio']:.4f}" if a else "| |")
         rows.append(f"| {combo.key} | {combo.suite} | {result_text(combo, result)} | {numbers} |")
     ran = sum(r["result"] == "ran" for r in results.values())

@@ -62,6 +62,54 @@ def test_d4pg_under_mixed_float16_takes_the_float32_update(results):
         assert agreement["cosine"] > matrix.MIXED_MIN_COSINE["mixed_float16"], (target, agreement)
 
 
+def test_a_refusal_runs_through_main_py_and_its_process_is_checked(results):
+    """Issue 30: every refusal ran in a group's process, where "exit 2" was the error class's
+    constant and could not fail; one goes through `python main.py` as a user's command does."""
+    via = [c for c in matrix.combinations(slow=False) if c.via_main]
+    assert [c.key for c in via] == ["vit_mesh | cpu x1 | float32"]
+    result = results[via[0].key]
+    assert (result["via"], result["exit_code"], result["output_lines"], result["wrote"]) == ("main.py", 2, 1, False)
+    assert result["error"].startswith("MeshClassificationTask needs Replicator.target='mesh'"), result
+    assert matrix.result_text(via[0], result) == "refused: `Replicator.target`"
+
+
+def _fake_results():
+    out = {}
+    for combo in matrix.combinations():
+        if combo.refusal:
+            out[combo.key] = {"result": "refused", "exit_code": 2, "wrote": False, "via": "main.py", "output_lines": 1,
+                              "error": "Replicator.target='x' cannot; set Replicator.target"}
+        else:
+            out[combo.key] = {"result": "ran", "agreement": {"max_abs_diff": 0.0, "cosine": 1.0, "norm_ratio": 1.0,
+                                                             "update_norm": 0.5}}
+    return out
+
+
+def test_reference_rows_read_reference_not_matches_against_themselves():
+    rows = {key: (result, line) for line in matrix.render(_fake_results(), "here").splitlines()
+            for key, _, result in matrix.table_rows(line)}
+    references = {matrix.reference(f).key for f in matrix.FAMILIES}
+    assert references == {"classification | cpu x1 | float32", "sngan | cpu x1 | float32",
+                          "d4pg | cpu x1 | float32", "vit_mesh | mesh 1x1 | float32"}
+    for key in references:
+        assert rows[key][0] == "reference" and rows[key][1].endswith("| reference | | | |"), rows[key]
+    assert rows["classification | cpu x2 | float32"] == (
+        "matches", "| classification | cpu x2 | float32 | default | matches | 0.00e+00 | 1.000000 | 1.0000 |")
+    assert sum(result == "reference" for result, _ in rows.values()) == 4
+
+
+def test_a_refusal_through_main_py_must_be_its_only_line_from_main_py():
+    combo = next(c for c in matrix.combinations() if c.via_main)
+    refused = {"result": "refused", "exit_code": 2, "wrote": False, "via": "main.py", "output_lines": 1,
+               "error": "MeshClassificationTask needs Replicator.target='mesh' (the target is 'cpu'); set "
+                        "Replicator.target and Replicator.mesh_shape."}
+    assert matrix.passes(combo, refused)[0]
+    assert not matrix.passes(combo, dict(refused, output_lines=3))[0]  # a traceback or noise besides the line
+    assert not matrix.passes(combo, dict(refused, via="launch"))[0]
+    assert not matrix.passes(combo, dict(refused, exit_code=1))[0]
+    assert not matrix.passes(combo, dict(refused, wrote=True))[0]
+
+
 def _check_table(results, slow):
     with open(matrix.DOC, encoding="utf-8") as f:
         committed = f.read()
