@@ -195,3 +195,15 @@ def add_efficiency(rows: List[Dict], fp: Footprint, hw: Hardware, st: Settings) 
     for row in rows:
         one = plan_row(fp, hw, max(1, fp.model_axis), max(1, round(row["per_replica_batch"])), st)
         row["efficiency"] = row["examples_per_s"] / (row["data_axis"] * one["examples_per_s"])
+
+
+def calibrated_utilisation(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: Settings,
+                           measured_step_s: float) -> float:
+    """The utilisation at which the model's step on `devices` equals a measured step time:
+    what is not compute (communication, input, host) is kept, compute absorbs the rest."""
+    at_peak = plan_row(fp, hw, devices, global_batch, dataclasses.replace(st, utilisation=1.0))
+    rest = at_peak["step_s"] - at_peak["compute_s"]
+    if measured_step_s <= rest:
+        raise ValueError(f"measured step {measured_step_s:.4g} s is no longer than the modelled non-compute time "
+                         f"{rest:.4g} s: nothing left to calibrate compute against")
+    return at_peak["compute_s"] / (measured_step_s - rest)

@@ -118,3 +118,15 @@ def test_schedule_columns():
     assert row["epoch_s"] == pytest.approx(1281.167) and row["to_last_step_s"] == pytest.approx(56_295)
     model.add_schedule(row, None, 10)
     assert row["epoch_s"] is None and math.isclose(row["to_last_step_s"], 5.0)
+
+
+def test_calibrated_utilisation_reproduces_the_measured_step():
+    cpu = catalogue.measured_cpu(achieved_flops=1e11, copy_bandwidth=5e9, per_op_s=1e-5)
+    fp = model.Footprint(**{**FP.__dict__, "ops": 500})
+    st = model.Settings(utilisation=1.0, precision="float32")
+    u = model.calibrated_utilisation(fp, cpu, 1, 8, st, measured_step_s=2.0)
+    row = model.plan_row(fp, cpu, 1, 8, model.Settings(utilisation=u, precision="float32"))
+    assert row["step_s"] == pytest.approx(2.0)
+    assert row["host_s"] == pytest.approx(500 * 1e-5)  # dispatch on the CPU adds to the step
+    with pytest.raises(ValueError, match="nothing left"):
+        model.calibrated_utilisation(fp, cpu, 1, 8, st, measured_step_s=1e-3)
