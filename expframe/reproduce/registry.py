@@ -323,7 +323,18 @@ def _model_parallel(data: dict) -> list[tuple[str, float, str]]:
     return rows
 
 
+def _plan_vs_measured(data: dict) -> list[tuple[str, float, str]]:
+    rows = [(f"{e['name']}, {p['config']}: predicted / measured step time ({p['predicted_s'] * 1e3:.0f} / "
+             f"{p['measured_s'] * 1e3:.0f} ms)", p["predicted_s"] / p["measured_s"], "")
+            for e in data["experiments"] for p in e["points"]]
+    return rows + [("planner: median absolute error of the predicted step time", data["median_abs_error"],
+                    f"goal <= {data['goal']:g}")]
+
+
 BENCHMARKS = (
+    Benchmark("plan_vs_measured", "The planner (python -m expframe.plan) against the real trainer: quickstart and "
+              "ResNet-20 at 1-8 CPU replicas and 2-4 loopback workers", "benchmarks/plan_vs_measured.py", (),
+              ("--quick",), _plan_vs_measured, minutes=30, readme="docs/planning.md#checked-on-this-machine"),
     Benchmark("collectives", "All-reduce on CPU replicas against one copy of the same bytes",
               "benchmarks/collectives.py", (), ("--quick", "--allocator=bfc", "--repeats=1", "--variants=replicator"),
               _collectives, minutes=6, readme="README.md#the-programming-model"),
