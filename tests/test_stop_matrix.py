@@ -1,0 +1,325 @@
+"""The stop contract, as a matrix (docs/stopping.md): every kind of run, every way to stop it.
+
+Rows: the quickstart, pixel D4PG in-process, pixel D4PG with 1 actor process, 2 launcher
+workers, and a 2-run study, each shrunk to seconds. Columns: SIGINT to the process
+group (a terminal's Ctrl-C, GNU `timeout`, `kill -- -PGID`), SIGTERM to the main pid,
+SIGKILL to the main pid. Each cell asserts:
+
+* the exit code (main.py 0 after its checkpoint; the launcher 128 + signal; the study 1,
+  its runs not finished; -9 for SIGKILL);
+* the checkpoint where promised: at the step the run names in its `received ... at
+  step N: checkpoint saved` line (SIGKILL promises none: the last periodic one);
+* no process of the tree alive 10 s after the signal: every pid seen below the main
+  process while it ran (read from /proc every 0.1 s) and every process group they led
+  (where the main process itself takes longer to checkpoint and exit, on a loaded
+  machine, nothing is left 2 s after it exited);
+* an exact resume: the next cell's process (the same command) resumes from that
+  checkpoint, and at the end the steps in metrics.jsonl appear once each; for the
+  deterministic quickstart, losses and weights equal an uninterrupted run's.
+
+Within a row the cells run one after another on one model_dir: the process each cell
+starts is the resume of the cell before (a row costs 4 process starts instead of 7),
+and the last process runs to the end. Each row is one test, so xdist runs rows side by
+side. The seconds from each signal to the last process gone are printed (pytest -s).
+"""
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Set
+
+import numpy as np
+import pytest
+
+from expframe import processes
+from tests import main_runner as mr
+
+QUICKSTART = "experiments/quickstart.gin"
+PIXELS = "experiments/d4pg_control_pixels.gin"
+COLUMNS = ("SIGINT to the group", "SIGTERM to the main pid", "SIGKILL to the main pid")
+GONE_WITHIN_S = 10.0
+
+# 12 steps of a depth-8 ResNet on 1 replica, a checkpoint every 2 steps, no evaluation.
+QUICK = mr.SMALL + mr.ONE_REPLICA + (
+    "run_experiment.deterministic = True", "Trainer.train_steps = 12", "Trainer.steps_per_loop = 1",
+    "Trainer.log_every_steps = 1", "Trainer.checkpoint_every_steps = 2")
+# tests/test_d4pg_pixels_experiments.py's shrunk pixel run, with more steps to stop in.
+PIXEL = ("control_suite.size = 16", "control_suite.action_repeat = 25", "control_suite.frame_stack = 2",
+         "drq_encoder.num_filters = 4", "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8",
+         "d4pg_policy.layer_sizes = (16,)", "d4pg_critic.layer_sizes = (16,)", "Trainer.global_batch_size = 16",
+         "Trainer.train_steps = 12", "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
+         "Trainer.eval_every_steps = None", "Trainer.checkpoint_every_steps = 2", "D4PGTask.min_replay_size = 40",
+         "D4PGTask.max_replay_size = 2000", "D4PGTask.samples_per_insert = 4.0", "D4PGTask.eval_episodes = 1")
+MULTI_WORKER = ("Replicator.target = 'multi_worker'", "Replicator.num_replicas = None")
+
+_STEP_LINE = re.compile(r"(^|\] )step \d+/\d+ ")
+_SAVED = re.compile(r"(?:^|\] )received (SIG\w+) at step (\d+): checkpoint saved")
+_RESUMED = re.compile(r"(?:^|\] )resuming from step (\d+) ")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+class _Tree:
+    """A process started in a session of its own (as from a shell), its output, and every
+    pid and process group seen below it while it ran."""
+
+    def __init__(self, argv: List[str], env: Dict[str, str]):
+        self.proc = subprocess.Popen(argv, cwd=mr.ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        self.lines: List[str] = []
+        self.pids: Set[int] = {self.proc.pid}
+        self.pgids: Set[int] = {self.proc.pid}
+        self._step = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._watching = True
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if _STEP_LINE.search(line):
+                self._step.set()
+
+    def _watch(self) -> None:
+        while self._watching:
+            for pid in processes.descendants(self.proc.pid):
+                if pid not in self.pids:
+                    self.pids.add(pid)
+                    try:
+                        self.pgids.add(os.getpgid(pid))
+                    except OSError:
+                        pass
+            time.sleep(0.1)
+
+    def wait_for_training(self, timeout: float = 300.0) -> None:
+        if not self._step.wait(timeout):
+            raise AssertionError("no training step within the time limit:\n" + self.output()[-4000:])
+
+    def send(self, column: str) -> float:
+        """Sends the column's signal; returns when it was sent (time.monotonic)."""
+        self._watching = False  # what exists is recorded; nothing new may start from here
+        self._watcher.join()
+        for pid in processes.descendants(self.proc.pid):  # the last look
+            self.pids.add(pid)
+            try:
+                self.pgids.add(os.getpgid(pid))
+            except OSError:
+                pass
+        sent = time.monotonic()
+        if column == COLUMNS[0]:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        elif column == COLUMNS[1]:
+            self.proc.send_signal(signal.SIGTERM)
+        else:
+            self.proc.kill()
+        return sent
+
+    def left(self) -> Dict[int, str]:
+        """What of the tree still runs: pid -> command line."""
+        out = {}
+        for pid in self.pids:
+            if _alive(pid):
+                out[pid] = _cmdline(pid)
+        for pgid in self.pgids:
+            for pid in processes.pids_in_group(pgid):
+                if _alive(pid):
+                    out[pid] = _cmdline(pid)
+        return out
+
+    def seconds_until_gone(self, sent: float) -> Optional[float]:
+        """Seconds from `sent` until the main process and every pid and group seen are
+        gone; None if something is left 10 s after the signal (or, where the main process
+        itself took longer to checkpoint and exit, 2 s after it exited)."""
+        exited = None
+        while True:
+            now = time.monotonic()
+            if exited is None and self.proc.poll() is not None:
+                exited = now
+            if exited is not None and not self.left():
+                return now - sent
+            if exited is not None and now > max(sent + GONE_WITHIN_S, exited + 2.0):
+                return None
+            if now - sent > 180:
+                return None
+            time.sleep(0.02)
+
+    def finish(self, timeout: float = 300.0) -> int:
+        self._watching = False
+        code = self.proc.wait(timeout)
+        self._reader.join(5.0)
+        return code
+
+    def kill_leftovers(self) -> None:
+        for pid in self.left():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def _checkpoint_step(model_dir) -> Optional[int]:
+    """The step of model_dir's newest checkpoint, from checkpoints/checkpoint (no TensorFlow)."""
+    try:
+        with open(os.path.join(model_dir, "checkpoints", "checkpoint"), encoding="utf-8") as f:
+            m = re.search(r'^model_checkpoint_path: ".*?(\d+)"', f.read(), re.M)
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def _train_steps(model_dir) -> List[int]:
+    return [r["step"] for r in mr.metrics(model_dir, "train")]
+
+
+def _resumed(tree: _Tree) -> List[int]:
+    return [int(m.group(1)) for m in map(_RESUMED.search, tree.lines) if m]
+
+
+def _run_row(name: str, argv: List[str], env: Dict[str, str], model_dirs, stopped_codes, final_code: int = 0):
+    """Runs the row's three cells and its final resume, each the same command; asserts
+    each cell; returns (final output, {column: seconds from signal to last process gone})."""
+    seconds, promised, outcomes = {}, None, []
+    for column, stopped_code in zip(COLUMNS, stopped_codes + (-signal.SIGKILL,), strict=True):
+        tree = _Tree(argv, env)
+        try:
+            tree.wait_for_training()
+            if promised:  # this process is the resume of the cell before
+                assert _resumed(tree) and set(_resumed(tree)) <= promised, (column, promised, tree.output()[-3000:])
+            sent = tree.send(column)
+            gone = tree.seconds_until_gone(sent)
+            left = tree.left()
+            code = tree.finish()
+        finally:
+            tree.kill_leftovers()
+        out = tree.output()
+        outcomes.append((column, code, gone))
+        assert gone is not None, f"{name}, {column}: left running {GONE_WITHIN_S:.0f} s after the signal: {left}"
+        seconds[column] = round(gone, 2)
+        assert code == stopped_code, (name, column, code, out[-3000:])
+        checkpoints = {s for s in (_checkpoint_step(d) for d in model_dirs()) if s is not None}
+        if column != COLUMNS[2]:  # a checkpoint at the step the run stopped at
+            saved = [(m.group(1), int(m.group(2))) for m in map(_SAVED.search, tree.lines) if m]
+            assert saved, (name, column, out[-3000:])
+            assert {s for s, _ in saved} == {"SIGINT" if column == COLUMNS[0] else "SIGTERM"}, saved
+            assert {step for _, step in saved} <= checkpoints, (saved, checkpoints)
+        # SIGKILL promises no checkpoint: the resume starts from the newest periodic one.
+        assert checkpoints, (name, column, out[-3000:])
+        promised = checkpoints
+    final = _Tree(argv, env)
+    try:
+        code = final.finish()
+    finally:
+        final.kill_leftovers()
+    out = final.output()
+    assert code == final_code, (name, code, out[-4000:])
+    assert _resumed(final) and set(_resumed(final)) <= promised, (promised, out[-3000:])
+    print(f"\n{name}: " + "; ".join(f"{c}: exit {code}, gone {g:.2f} s" for c, code, g in outcomes))
+    return out, seconds
+
+
+def _once_each(model_dir, train_steps: int) -> None:
+    assert _train_steps(model_dir) == list(range(1, train_steps + 1)), _train_steps(model_dir)
+
+
+def _weights(model_dir):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+    names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
+    assert names
+    return {n: reader.get_tensor(n) for n in names}
+
+
+@pytest.mark.timeout(600)
+def test_quickstart(data_dir, tmp_path):
+    env = mr.env(data_dir)
+    model_dir = tmp_path / "run"
+    reference: dict = {}
+    straight = threading.Thread(target=lambda: reference.update(done=mr.run(
+        [QUICKSTART], tmp_path / "straight", data_dir, QUICK, extra=["--mode=train"], timeout=400)))
+    straight.start()
+    _run_row("quickstart", mr.args([QUICKSTART], model_dir, QUICK, ["--mode=train"]), env, lambda: [model_dir],
+             (0, 0))
+    straight.join()
+    assert reference["done"].returncode == 0, reference["done"].stderr[-3000:]
+    _once_each(model_dir, 12)
+    losses = [r["loss"] for r in mr.metrics(model_dir, "train")]
+    np.testing.assert_allclose(losses, [r["loss"] for r in mr.metrics(tmp_path / "straight", "train")],
+                               rtol=1e-6, atol=1e-7)
+    a, b = _weights(tmp_path / "straight"), _weights(model_dir)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.timeout(600)
+def test_pixel_d4pg_in_process(tmp_path):
+    model_dir = tmp_path / "run"
+    _run_row("pixel D4PG in-process", mr.args([PIXELS], model_dir, PIXEL, ["--mode=train"]), mr.env(tmp_path),
+             lambda: [model_dir], (0, 0))
+    _once_each(model_dir, 12)
+
+
+@pytest.mark.timeout(600)
+def test_pixel_d4pg_with_an_actor_process(tmp_path):
+    model_dir = tmp_path / "run"
+    params = PIXEL + ("D4PGTask.num_actors = 1", "D4PGTask.weights_every = 20")
+    _run_row("pixel D4PG, 1 actor process", mr.args([PIXELS], model_dir, params, ["--mode=train"]),
+             mr.env(tmp_path), lambda: [model_dir], (0, 0))
+    _once_each(model_dir, 12)
+
+
+@pytest.mark.timeout(600)
+def test_two_launcher_workers(data_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "expframe.launch", "--workers=2", "--"]
+    argv += mr.args([QUICKSTART], model_dir, QUICK + MULTI_WORKER, ["--mode=train"])[1:]
+    # The launcher exits 128 + the signal it received, after its workers checkpointed.
+    out, _ = _run_row("2 launcher workers", argv, mr.env(data_dir), lambda: [model_dir],
+                      (128 + signal.SIGINT, 128 + signal.SIGTERM))
+    assert "StartAbort" not in out
+    _once_each(model_dir, 12)
+
+
+@pytest.mark.timeout(600)
+def test_two_run_study(data_dir, tmp_path):
+    root = tmp_path / "study"
+    argv = [sys.executable, "-m", "expframe.sweep", f"--gin_file={QUICKSTART}", f"--study_dir={root}",
+            "--mode=train", "--sweep=run_experiment.seed=[0, 1]"]
+    argv += [f"--gin_param={p}" for p in QUICK if not p.startswith("Trainer.train_steps")]
+    argv += ["--gin_param=Trainer.train_steps = 6"]
+
+    def run_dirs():
+        return sorted(os.path.dirname(p) for p in glob.glob(str(root / "*" / "config.gin")))
+
+    # The study exits 1 when stopped (its runs are not finished), 0 once every run is.
+    _run_row("2-run study", argv, mr.env(data_dir), run_dirs, (1, 1))
+    dirs = run_dirs()
+    assert len(dirs) == 2
+    for d in dirs:
+        _once_each(d, 6)
+        assert json.loads(open(os.path.join(d, "result.json")).read())["step"] == 6
