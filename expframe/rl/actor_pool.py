@@ -73,12 +73,15 @@ class ActorPool:
         (`expframe.rl.actor_process.ActingParts`), given to each actor as `--acting`.
       weight_names: the names of `weights` (`expframe.rl.actors.weight_names`), which
         each actor checks against its own policy's before loading any.
+      startup_timeout_s: the longest an actor may take from its start to its first call
+        to the service (importing TensorFlow, starting its renderer); more is a RunError.
+        `wait_for`'s own timeout counts from when the first actor was ready.
     """
 
     def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], num_actors: int,
                  sigmas: Sequence[float], seed: int, weights_every: int, capacity: int, max_restarts: int,
                  address: str = "127.0.0.1:0", resume_step: int = 0, acting: str = DEFAULT_ACTING,
-                 weight_names: Optional[Sequence[str]] = None):
+                 weight_names: Optional[Sequence[str]] = None, startup_timeout_s: float = 600.0):
         self.service = LearnerService(weights, shapes, capacity, address, names=weight_names)
         self.sigmas, self.seed, self.weights_every = list(sigmas), int(seed), int(weights_every)
         self.max_restarts, self.restarts = int(max_restarts), 0
@@ -89,6 +92,9 @@ class ActorPool:
         with open(self.config_path, "w", encoding="utf-8") as f:
             f.write(gin.config_str())
         self.processes: Dict[int, Optional[processes.Child]] = {}
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.started_at: Dict[int, float] = {}    # actor id -> when its current process started (monotonic)
+        self.startup_s: Dict[int, float] = {}     # actor id -> seconds its current process took to be ready
         self.stopping = False
         self._closed = False
         self._chained: Dict[int, Tuple[object, object]] = {}   # signal -> (our handler, the one before)
@@ -131,8 +137,33 @@ class ActorPool:
 
     def _start(self, actor_id: int) -> None:
         # Its own session; its output stays on the learner's stderr.
+        self.started_at[actor_id] = time.monotonic()
+        self.startup_s.pop(actor_id, None)
         self.processes[actor_id] = processes.owner().start(self.command(actor_id), name=f"actor {actor_id}",
                                                            capture=False, forward=False)
+
+    def ready_at(self, actor_id: int) -> Optional[float]:
+        """When actor `actor_id`'s current process first called the service (None: not yet)."""
+        seen = self.service.first_seen.get(actor_id)
+        return seen if seen is not None and seen >= self.started_at[actor_id] else None
+
+    def _check_startup(self) -> None:
+        """Logs each actor's start-up time once it is ready; RunError for one that is not
+        ready `startup_timeout_s` after it started."""
+        now = time.monotonic()
+        for actor_id, process in self.processes.items():
+            if process is None or actor_id in self.startup_s:
+                continue
+            ready = self.ready_at(actor_id)
+            if ready is not None:
+                self.startup_s[actor_id] = ready - self.started_at[actor_id]
+                _log(f"actor {actor_id} (pid {process.pid}) ready after {self.startup_s[actor_id]:.1f} s of start-up")
+            elif now - self.started_at[actor_id] > self.startup_timeout_s and process.alive():
+                self.close()
+                raise RunError(f"D4PGTask: actor {actor_id} (pid {process.pid}) did not call the learner "
+                               f"{now - self.started_at[actor_id]:.0f} s after it started "
+                               f"(D4PGTask.actor_startup_timeout_s={self.startup_timeout_s:g}); its lines above "
+                               "say why (TensorFlow or a renderer that does not start); stopping.")
 
     @property
     def alive(self) -> int:
@@ -140,7 +171,8 @@ class ActorPool:
 
     def check(self) -> None:
         """Logs and restarts (within the budget) exited actors; RunError when none is left.
-        Once the learner is stopping, an exited actor is not restarted."""
+        Once the learner is stopping, an exited actor is not restarted. Logs each actor's
+        start-up time when it is ready; RunError for one not ready in `startup_timeout_s`."""
         for actor_id, process in self.processes.items():
             if process is None or process.poll() is None:
                 continue
@@ -164,15 +196,25 @@ class ActorPool:
             self.close()
             raise RunError(f"D4PGTask: all {len(self.processes)} actor processes have exited "
                            f"(restarts used: {self.restarts} of {self.max_restarts}); stopping.")
+        self._check_startup()
 
     def wait_for(self, count: int, timeout_s: float) -> None:
-        """Waits until `count` transitions are pending, checking the actors every second."""
-        deadline = time.monotonic() + timeout_s
+        """Waits until `count` transitions are pending, checking the actors every second.
+
+        `timeout_s` counts from when an actor was ready (its first call), not from when the
+        actors started: a slow start (8 actors importing TensorFlow on 2 cores) is not a
+        failure; an actor that never becomes ready is (`startup_timeout_s`)."""
+        started = time.monotonic()
         while not self.service.wait_for(count, timeout=1.0):
             self.check()
-            if time.monotonic() > deadline:
+            ready = [t for t in (self.ready_at(i) for i, p in self.processes.items() if p is not None)
+                     if t is not None]
+            if not ready:
+                continue   # still starting
+            since = max(started, min(ready))
+            if time.monotonic() - since > timeout_s:
                 raise RunError(f"D4PGTask: the actors sent {self.service.pending()} of {count} transitions "
-                               f"in {timeout_s:.0f} s; stopping.")
+                               f"in {timeout_s:.0f} s after they were ready; stopping.")
 
     def stats(self) -> Dict[int, dict]:
         """Timings the actors wrote at exit (actor id -> dict)."""

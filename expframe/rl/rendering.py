@@ -174,7 +174,10 @@ def _open(name: str, action_repeat: int, seed: int, size: int, camera: int) -> T
 
 def serve(conn: Connection) -> None:
     """The worker's loop: answers the messages of the module docstring until told to close."""
-    _, kwargs = conn.recv()
+    try:
+        _, kwargs = conn.recv()
+    except (EOFError, OSError):   # the parent went before asking anything
+        return
     try:
         (env, render), info = _open(**kwargs)
     except ConfigError as error:
@@ -187,7 +190,7 @@ def serve(conn: Connection) -> None:
     while True:
         try:
             message = conn.recv()
-        except EOFError:   # the parent has gone
+        except (EOFError, OSError):   # the parent has gone (closed its end, or died with a frame unread)
             return
         if message[0] == "reset":
             env.reset()
@@ -212,6 +215,8 @@ def main(argv=None) -> int:
     conn = Connection(args.fd)
     try:
         serve(conn)
+    except (BrokenPipeError, ConnectionResetError):   # the parent has gone while a frame was on its way
+        pass
     finally:
         conn.close()
     return 0

@@ -120,6 +120,7 @@ class LearnerService:
             raise ValueError(f"LearnerService: {len(self.names)} names for {len(self._weights)} weights.")
         self.sender_timeout_s = float(sender_timeout_s)
         self.senders: Dict[int, Tuple[int, float]] = {}   # actor id -> (sender, when it last called)
+        self.first_seen: Dict[int, float] = {}   # actor id -> when its current sender first called (monotonic)
         self.duplicates_refused = 0
         self._refused_senders = set()
         self._server = tf.distribute.experimental.rpc.Server.create("grpc", self.address)
@@ -227,6 +228,8 @@ class LearnerService:
         now = time.monotonic()
         owner = self.senders.get(actor_id)
         if owner is None or owner[0] == sender or now - owner[1] > self.sender_timeout_s:
+            if owner is None or owner[0] != sender:
+                self.first_seen[actor_id] = now   # this sender's first call: it is ready
             self.senders[actor_id] = (sender, now)
             return True
         self.duplicates_refused += 1

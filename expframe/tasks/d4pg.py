@@ -107,7 +107,11 @@ class D4PGTask(ObservationNetworks, Task):
       max_actor_restarts: actor restarts allowed over the run, all actors together.
       actor_service_address: host:port of the learner's RPC service (port 0: free one;
         '0.0.0.0:PORT' serves actors on other hosts).
-      actor_timeout_s: the longest the learner waits for the actors' transitions.
+      actor_timeout_s: the longest the learner waits for the actors' transitions, counted
+        from when an actor was ready (its first call to the learner).
+      actor_startup_timeout_s: the longest an actor process may take to start (import
+        TensorFlow, start its renderer) before its first call; the time each took is logged
+        and `actor_startup_s` (the slowest) is a train metric.
       observation_network: None (state features go straight into the networks), or
         `fn(observation_shape) -> keras.Model` turning observations into features (pixels:
         `@drq_encoder`), shared as Acme's D4PG shares it: the critic's optimizer trains it,
@@ -131,6 +135,7 @@ class D4PGTask(ObservationNetworks, Task):
                  eval_episodes: int = 5, num_actors: int = 0, actor_sigmas: Optional[tuple] = None,
                  weights_every: int = 100, max_actor_restarts: int = 2,
                  actor_service_address: str = "127.0.0.1:0", actor_timeout_s: float = 120.0,
+                 actor_startup_timeout_s: float = 600.0,
                  observation_network: Optional[Callable[..., keras.Model]] = None):
         positive_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
         _check("discount", 0.0 <= discount <= 1.0, discount, "must be in [0, 1]")
@@ -171,6 +176,8 @@ class D4PGTask(ObservationNetworks, Task):
         self.actor_sigmas = tuple(actor_sigmas) if actor_sigmas is not None else (sigma,) * num_actors
         self.max_actor_restarts, self.actor_service_address = max_actor_restarts, actor_service_address
         self.actor_timeout_s = actor_timeout_s
+        _check("actor_startup_timeout_s", actor_startup_timeout_s > 0, actor_startup_timeout_s, "must be > 0")
+        self.actor_startup_timeout_s = float(actor_startup_timeout_s)
         self.actor_pool = None
 
     # -- set-up ------------------------------------------------------------------------
@@ -375,7 +382,8 @@ class D4PGTask(ObservationNetworks, Task):
                                         self.seed, self.weights_every, capacity=self.max_replay_size,
                                         max_restarts=self.max_actor_restarts, address=self.actor_service_address,
                                         resume_step=step, acting=f"{__name__}:acting_parts",
-                                        weight_names=self.acting_weight_names())
+                                        weight_names=self.acting_weight_names(),
+                                        startup_timeout_s=self.actor_startup_timeout_s)
             self._insert_offset, self._learner_wait_s, self._remote_started = self.replay.inserted, 0.0, None
         pool = self.actor_pool
         pool.service.publish(self.acting_weights())
@@ -404,6 +412,7 @@ class D4PGTask(ObservationNetworks, Task):
                 "learner_wait_s": self._learner_wait_s, "actor_refused_inserts": float(service.refused),
                 "actors_alive": float(self.actor_pool.alive), "actor_restarts": float(self.actor_pool.restarts),
                 "max_weights_version_lag": float(service.max_version_lag),
+                "actor_startup_s": max(self.actor_pool.startup_s.values(), default=0.0),
                 "samples_per_insert": learned / max(self.replay.inserted - self.min_replay_size, 1)}
 
     def close(self) -> None:
