@@ -1,6 +1,7 @@
 """Puts a plan together: the experiment's measured footprint, a device type and the
 stated inputs -> rows of predicted time, memory and scaling (see model.py)."""
 
+import dataclasses
 import statistics
 from typing import Dict, Optional, Sequence
 
@@ -64,7 +65,6 @@ def cpu_per_op_s(length: int = 2000, repeats: int = 5) -> float:
 def hardware(name: str, devices_per_host: Optional[int] = None, inter_host_gbps: Optional[float] = None,
              latency_us: Optional[float] = None, cpu_flops_measured: Optional[float] = None) -> Hardware:
     """The catalogue's entry (or 'cpu', measured now), with the stated overrides applied."""
-    import dataclasses  # pylint: disable=import-outside-toplevel
     if name.lower() == "cpu":
         hw = catalogue.measured_cpu(cpu_flops_measured if cpu_flops_measured is not None else cpu_flops(),
                                     per_op_s=cpu_per_op_s())
@@ -119,7 +119,6 @@ def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, 
 
 
 def _footprint_fields(fp: model.Footprint) -> Dict:
-    import dataclasses  # pylint: disable=import-outside-toplevel
     return dataclasses.asdict(fp)
 
 

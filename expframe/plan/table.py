@@ -31,7 +31,8 @@ def size(num_bytes: float) -> str:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g}"
+    ms = seconds * 1e3
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
 def _cells(row: Dict) -> List[str]:
