@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from expframe.reproduce import __main__ as cli
-from expframe.reproduce import page, registry, running
+from expframe.reproduce import page, quiet, registry, running
 from tests import main_runner as mr
 
 HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=mr.ROOT, capture_output=True, text=True).stdout.strip()
@@ -235,7 +235,7 @@ def test_a_study_stopped_and_resumed_is_recorded_over_its_sittings(tmp_path, mon
     assert re.search(r"  1\. \S+ to \S+, 0\.0 min, stopped; load average 0\.50 at the start, 1\.20 at the end", section)
     assert re.search(r"  2\. \S+ to \S+, 0\.0 min, complete; load average 2\.50 at the start, 1\.50 at the end",
                      section)
-    ok, busy = page.quiet(rec)  # the second began at 2.5 on 2 cores (the first at 0.5 is quiet)
+    ok, busy = quiet.quiet(rec)  # the second began at 2.5 on 2 cores (the first at 0.5 is quiet)
     assert ok is False and [b for b in busy if b.startswith("load")] == ["load 2.50 at the start on 2 cores"]
 
 
@@ -247,7 +247,7 @@ def _judged(cores=2, start=(0.5,), end=0.5, other=0.03):
         rec["sittings"] = sittings
     else:
         rec["load_average_start"] = sittings[0]["load_average_start"]
-    return page._quiet(rec)  # pylint: disable=protected-access
+    return quiet.verdict(rec)
 
 
 def test_quiet_is_judged_by_the_core_count_and_by_the_other_processes():
@@ -263,7 +263,7 @@ def test_quiet_is_judged_by_the_core_count_and_by_the_other_processes():
         "**no**: load 2.20 at the start on 2 cores; load 2.00 at the end on 2 cores; other processes used 0.60 of "
         "2 cores")
     assert _judged(other=None) == "unknown" and _judged(other=None, end=5.0).startswith("**no**: load 5.00")
-    assert page.quiet_rule() == ("the 1-minute load average under the core count at the start of each sitting and "
+    assert quiet.quiet_rule() == ("the 1-minute load average under the core count at the start of each sitting and "
                                  "at the end, and other processes using under 12.5% of the cores on average while "
                                  "it ran (0.25 of 2)")
 
