@@ -41,6 +41,23 @@ from expframe.rl.rpc import LearnerService
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+LAG_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, None))
+
+
+def lag_histogram(lags: Dict[int, int]) -> Dict[str, float]:
+    """Transitions per weight-lag bucket (learner steps): weight_lag_0, _1, _2, _3to4, ...,
+    _33plus, and their mean lag (weight_lag_mean)."""
+    out = {}
+    for low, high in LAG_BUCKETS:
+        name = f"weight_lag_{low}" if low == high else (f"weight_lag_{low}plus" if high is None
+                                                         else f"weight_lag_{low}to{high}")
+        out[name] = float(sum(n for lag, n in lags.items() if lag >= low and (high is None or lag <= high)))
+    total = sum(lags.values())
+    if total:
+        out["weight_lag_mean"] = sum(lag * n for lag, n in lags.items()) / total
+    return out
+
+
 def _status(code: int) -> str:
     if code < 0:
         try:
@@ -82,7 +99,7 @@ class ActorPool:
                  sigmas: Sequence[float], seed: int, weights_every: int, capacity: int, max_restarts: int,
                  address: str = "127.0.0.1:0", resume_step: int = 0, acting: str = DEFAULT_ACTING,
                  weight_names: Optional[Sequence[str]] = None, startup_timeout_s: float = 600.0):
-        self.service = LearnerService(weights, shapes, capacity, address, names=weight_names)
+        self.service = LearnerService(weights, shapes, capacity, address, names=weight_names, version=resume_step)
         self.sigmas, self.seed, self.weights_every = list(sigmas), int(seed), int(weights_every)
         self.max_restarts, self.restarts = int(max_restarts), 0
         self.resume_step, self.acting = int(resume_step), acting

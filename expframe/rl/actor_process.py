@@ -82,6 +82,7 @@ class ProcessActor:
         self.weight_wait_s = 0.0      # time spent fetching weights
         self.insert_wait_s = 0.0      # time spent sending (and waiting to be let in)
         self.fetches = 0
+        self.stale_chunks = 0         # chunks the learner refused as acted with too old weights
 
     def step(self) -> bool:
         """One fetch, `weights_every` steps, one insert; False once the learner has closed.
@@ -90,6 +91,7 @@ class ProcessActor:
           WeightNamesError: (first call) the learner sends other weights than this policy has.
           DuplicateActorError: another live actor sends under this actor's id.
         """
+        from expframe.rl.rpc import STALE  # pylint: disable=import-outside-toplevel
         if not self.fetches:
             from expframe.rl.actors import weight_names  # pylint: disable=import-outside-toplevel
             self.client.check_names(weight_names(self.actor.policy.policy))
@@ -108,6 +110,9 @@ class ProcessActor:
         started, delay = time.perf_counter(), 0.001
         while True:
             accepted = self.client.insert(version, transitions, returns)
+            if accepted == STALE:   # the learner moved too far past these weights: dropped
+                self.stale_chunks += 1
+                return True
             if accepted != 0:
                 break
             # Refused: the service held it insert_wait_s without room appearing (the

@@ -36,6 +36,7 @@ Bound to 127.0.0.1 by default; give `address='0.0.0.0:PORT'` (or a host's addres
 to serve actors on other machines.
 """
 
+import collections
 import os
 import socket
 import sys
@@ -49,6 +50,7 @@ import tensorflow as tf
 FIELDS = ("observation", "action", "reward", "discount", "next_observation")
 MAX_HELD_INSERTS = 8   # inserts held at once waiting for room; the CPU target has 16 inter-op threads
 DUPLICATE = -2         # what both methods answer a second live sender of an actor id
+STALE = -3             # what insert answers a chunk acted with weights older than `max_lag` learner steps
 
 
 class DuplicateActorError(RuntimeError):
@@ -92,11 +94,12 @@ class LearnerService:
         refused (the actor then retries).
       names: the weights' names, in order (None: actors cannot check them).
       sender_timeout_s: how long an actor id stays with a sender that stopped calling.
+      version: the version of `weights` (the learner step they are from, for lags in steps).
     """
 
     def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], capacity: int,
                  address: str = "127.0.0.1:0", insert_wait_s: float = 0.05, names: Optional[Sequence[str]] = None,
-                 sender_timeout_s: float = 120.0):
+                 sender_timeout_s: float = 120.0, version: int = 0):
         host, port = address.rsplit(":", 1)
         port = int(port) or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
         self.address = f"{host}:{port}"
@@ -105,13 +108,16 @@ class LearnerService:
         self._held = 0
         self._lock = threading.Condition()
         self._weights = [np.array(w) for w in weights]
-        self.version = 0
+        self.version = int(version)
         self._pending: List[Dict[str, np.ndarray]] = []
         self._pending_count = 0
         self.inserted = 0
         self._limit = None            # None: no samples-per-insert limit
         self.refused = 0
         self.max_version_lag = 0
+        self.max_lag: Optional[int] = None   # refuse chunks acted with weights older than this (None: any)
+        self.lags: collections.Counter = collections.Counter()   # lag -> transitions inserted at that lag
+        self.stale = 0   # chunks refused as stale
         self.versions_used: Dict[int, int] = {}   # actor id -> version of its last insert
         self.episode_returns: List[float] = []
         self.closed = False
@@ -158,13 +164,23 @@ class LearnerService:
 
     # -- learner side ------------------------------------------------------------------
 
-    def publish(self, weights: Sequence[np.ndarray]) -> int:
-        """New policy weights for actors; returns their version."""
+    def publish(self, weights: Sequence[np.ndarray], step: Optional[int] = None) -> int:
+        """New policy weights for actors; returns their version: the learner step they are
+        from when `step` is given (so lags count learner steps), else the next number."""
         copied = [np.array(w) for w in weights]
         with self._lock:
             self._weights = copied
-            self.version += 1
+            self.version = self.version + 1 if step is None else max(int(step), self.version)
+            self._lock.notify_all()
             return self.version
+
+    def take_lags(self) -> Dict[int, int]:
+        """How many transitions were inserted at each weight lag (versions behind the newest
+        published when they arrived; learner steps when `publish` is given steps), since the
+        last call."""
+        with self._lock:
+            out, self.lags = dict(self.lags), collections.Counter()
+        return out
 
     def allow(self, limit: Optional[int]) -> None:
         """Actors may insert up to `limit` transitions in total (None: no limit)."""
@@ -274,6 +290,12 @@ class LearnerService:
                 self._lock.wait(left)
             if held:
                 self._held -= 1
+            lag = self.version - int(version)
+            if not self.closed and self.max_lag is not None and lag > self.max_lag:
+                # Acted with weights the learner has moved max_lag steps past: dropped; the
+                # actor fetches the newest weights and acts again.
+                self.stale += 1
+                return np.int64(STALE)
             if self.closed or not self._fits(count):
                 self.refused += 1
                 return np.int64(-1 if self.closed else 0)
@@ -282,7 +304,8 @@ class LearnerService:
             self.inserted += count
             self.episode_returns.extend(float(r) for r in returns)
             self.versions_used[int(actor_id)] = int(version)
-            self.max_version_lag = max(self.max_version_lag, self.version - int(version))
+            self.max_version_lag = max(self.max_version_lag, lag)
+            self.lags[lag] += count
             self._lock.notify_all()
             return np.int64(1)
 
@@ -345,7 +368,8 @@ class ActorClient:
 
     def insert(self, version: int, transitions: Dict[str, np.ndarray], returns: Sequence[float]) -> int:
         """Sends transitions (the service's fields, in its order, with their dtypes);
-        1 accepted, 0 refused (retry later), -1 the learner has closed."""
+        1 accepted, 0 refused (retry later), -1 the learner has closed, `STALE` acted with
+        weights older than the learner's `max_lag` (dropped: fetch and act again)."""
         args = self._ids() + [tf.constant(version, tf.int64)]
         args += [tf.constant(np.asarray(array)) for array in transitions.values()]
         args.append(tf.constant(np.asarray(returns, np.float32).reshape(-1)))

@@ -54,6 +54,7 @@ import tensorflow as tf
 import expframe as xf
 from expframe.models.d4pg import d4pg_critic, d4pg_policy
 from expframe.rl import experience, losses
+from expframe.rl.actor_pool import lag_histogram
 from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds, episode_returns, trivial_policy_returns
 from expframe.rl.environments import control_suite
 from expframe.rl.learner_input import PreparedBatches
@@ -109,6 +110,11 @@ class D4PGTask(ObservationNetworks, Task):
         '0.0.0.0:PORT' serves actors on other hosts).
       actor_timeout_s: the longest the learner waits for the actors' transitions, counted
         from when an actor was ready (its first call to the learner).
+      max_weight_lag: None, or the most learner steps the weights an actor acted with may
+        be behind the learner's when its chunk arrives; an older chunk is dropped and the
+        actor fetches and acts again (at least Trainer.steps_per_loop: weights are published
+        once per host call). The lags are logged either way: `weight_lag_*` train metrics
+        count the transitions inserted at each lag (learner steps) since the last log.
       actor_startup_timeout_s: the longest an actor process may take to start (import
         TensorFlow, start its renderer) before its first call; the time each took is logged
         and `actor_startup_s` (the slowest) is a train metric.
@@ -135,7 +141,7 @@ class D4PGTask(ObservationNetworks, Task):
                  eval_episodes: int = 5, num_actors: int = 0, actor_sigmas: Optional[tuple] = None,
                  weights_every: int = 100, max_actor_restarts: int = 2,
                  actor_service_address: str = "127.0.0.1:0", actor_timeout_s: float = 120.0,
-                 actor_startup_timeout_s: float = 600.0,
+                 actor_startup_timeout_s: float = 600.0, max_weight_lag: Optional[int] = None,
                  observation_network: Optional[Callable[..., keras.Model]] = None):
         positive_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
         _check("discount", 0.0 <= discount <= 1.0, discount, "must be in [0, 1]")
@@ -178,6 +184,9 @@ class D4PGTask(ObservationNetworks, Task):
         self.actor_timeout_s = actor_timeout_s
         _check("actor_startup_timeout_s", actor_startup_timeout_s > 0, actor_startup_timeout_s, "must be > 0")
         self.actor_startup_timeout_s = float(actor_startup_timeout_s)
+        _check("max_weight_lag", max_weight_lag is None or positive_int(max_weight_lag), max_weight_lag,
+               "must be a positive integer (learner steps) or None")
+        self.max_weight_lag = max_weight_lag
         self.actor_pool = None
 
     # -- set-up ------------------------------------------------------------------------
@@ -385,8 +394,13 @@ class D4PGTask(ObservationNetworks, Task):
                                         weight_names=self.acting_weight_names(),
                                         startup_timeout_s=self.actor_startup_timeout_s)
             self._insert_offset, self._learner_wait_s, self._remote_started = self.replay.inserted, 0.0, None
+            if self.max_weight_lag is not None and self.max_weight_lag < num_steps:
+                raise xf.ConfigError(
+                    f"D4PGTask.max_weight_lag={self.max_weight_lag} is below the {num_steps} learner steps of one "
+                    f"host call (the weights are published once per call): raise it to {num_steps} or more.")
+            self.actor_pool.service.max_lag = self.max_weight_lag
         pool = self.actor_pool
-        pool.service.publish(self.acting_weights())
+        pool.service.publish(self.acting_weights(), step)   # versions are learner steps
         slack = self.weights_every + self.n_step
         pool.service.allow(self._env_steps_due(step + 2 * num_steps) - self._insert_offset + slack)
         due = self._env_steps_due(step + num_steps)
@@ -411,7 +425,9 @@ class D4PGTask(ObservationNetworks, Task):
                 "transitions_per_sec": (self.replay.inserted - inserted) / max(time.perf_counter() - since, 1e-9),
                 "learner_wait_s": self._learner_wait_s, "actor_refused_inserts": float(service.refused),
                 "actors_alive": float(self.actor_pool.alive), "actor_restarts": float(self.actor_pool.restarts),
-                "max_weights_version_lag": float(service.max_version_lag),
+                "max_weights_version_lag": float(service.max_version_lag),   # learner steps
+                "actor_stale_chunks": float(service.stale),
+                **lag_histogram(service.take_lags()),
                 "actor_startup_s": max(self.actor_pool.startup_s.values(), default=0.0),
                 "samples_per_insert": learned / max(self.replay.inserted - self.min_replay_size, 1)}
 

@@ -110,3 +110,64 @@ class ActorStreamsTest(TestCase):
             ActorClient(unnamed.address, 0, timeout_s=20).check_names(["anything"])   # no names given: not checked
         finally:
             unnamed.close()
+
+
+class _PublishingEnvironment:
+    """State-feature cartpole that runs `hooks[i]` before its i-th step (the learner moving on)."""
+
+    def __init__(self, hooks):
+        from expframe.rl.environments import control_suite  # pylint: disable=import-outside-toplevel
+        self.environment, self.hooks, self.steps = control_suite(seed=0), hooks, 0
+        self.observation_size, self.action_size = self.environment.observation_size, self.environment.action_size
+
+    def reset(self):
+        return self.environment.reset()
+
+    def step(self, action):
+        if self.steps in self.hooks:
+            self.hooks[self.steps]()
+        self.steps += 1
+        return self.environment.step(action)
+
+
+class WeightLagTest(TestCase):
+
+    def test_a_chunk_acted_with_weights_too_many_learner_steps_old_is_held_back(self):
+        from expframe.rl.actor_pool import lag_histogram  # pylint: disable=import-outside-toplevel
+        from expframe.rl.actor_process import ProcessActor  # pylint: disable=import-outside-toplevel
+        from expframe.rl.actors import PolicyExecutor, SynchronousActor  # pylint: disable=import-outside-toplevel
+        from expframe.rl.adders import NStepAdder  # pylint: disable=import-outside-toplevel
+        from expframe.rl.experience import TransitionBuffer  # pylint: disable=import-outside-toplevel
+        from expframe.rl.rpc import STALE  # pylint: disable=import-outside-toplevel
+        keras.utils.set_random_seed(0)
+        policy = d4pg_policy(observation_size=5, action_size=1, layer_sizes=(8,))
+        weights = policy.get_weights()
+        service = LearnerService(weights, SHAPES, capacity=1000, version=100)   # a learner resumed at step 100
+        service.max_lag = 4
+        try:
+            # Chunk 1 (steps 0-9, weights of step 100): the learner publishes step 110 mid-chunk,
+            # so the chunk arrives 10 learner steps behind: held back (dropped), not inserted.
+            # Chunk 2 (fresh weights of 110): 3 steps behind when it arrives: inserted.
+            hooks = {5: lambda: service.publish(weights, step=110), 25: lambda: service.publish(weights, step=113)}
+            buffer = TransitionBuffer()
+            actor = SynchronousActor(_PublishingEnvironment(hooks), PolicyExecutor(policy, 5),
+                                     NStepAdder(buffer, 1, 0.99), sigma=0.1, seed=0)
+            runner = ProcessActor(ActorClient(service.address, 0, timeout_s=20), actor, buffer, weights_every=10)
+            self.assertTrue(runner.step())
+            self.assertEqual((runner.stale_chunks, service.stale, service.pending()), (1, 1, 0))
+            self.assertTrue(runner.step())   # acts 10 .. 19 with step 110's weights: lag 0
+            self.assertTrue(runner.step())   # 20 .. 29, step 113 published at 25: lag 3 <= 4
+            self.assertEqual((runner.stale_chunks, service.pending(), service.versions_used[0]), (1, 20, 110))
+            lags = service.take_lags()
+            self.assertEqual(lags, {0: 10, 3: 10})
+            self.assertEqual(service.take_lags(), {})   # since the last call
+            histogram = lag_histogram(lags)
+            self.assertEqual((histogram["weight_lag_0"], histogram["weight_lag_3to4"], histogram["weight_lag_1"],
+                              histogram["weight_lag_33plus"], histogram["weight_lag_mean"]), (10, 10, 0, 0, 1.5))
+            # Without a bound the old chunk goes in, and its lag is counted.
+            service.max_lag = None
+            self.assertEqual(ActorClient(service.address, 1, timeout_s=20).insert(100, _steps(2, 0.0), []), 1)
+            self.assertEqual(service.take_lags(), {13: 2})
+            self.assertNotEqual(STALE, 0)
+        finally:
+            service.close()
