@@ -27,6 +27,7 @@ import glob
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -174,6 +175,11 @@ class _Tree:
         return "\n".join(self.lines)
 
 
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -204,6 +210,7 @@ def _run_row(name: str, argv: List[str], env: Dict[str, str], model_dirs, stoppe
     """Runs the row's three cells and its final resume, each the same command; asserts
     each cell; returns (final output, {column: seconds from signal to last process gone})."""
     seconds, promised, outcomes = {}, None, []
+    cpu_before, wall_before = _children_cpu_s(), time.monotonic()
     for column, stopped_code in zip(COLUMNS, stopped_codes + (-signal.SIGKILL,), strict=True):
         tree = _Tree(argv, env)
         try:
@@ -238,7 +245,8 @@ def _run_row(name: str, argv: List[str], env: Dict[str, str], model_dirs, stoppe
     out = final.output()
     assert code == final_code, (name, code, out[-4000:])
     assert _resumed(final) and set(_resumed(final)) <= promised, (promised, out[-3000:])
-    print(f"\n{name}: " + "; ".join(f"{c}: exit {code}, gone {g:.2f} s" for c, code, g in outcomes))
+    print(f"\n{name}: " + "; ".join(f"{c}: exit {code}, gone {g:.2f} s" for c, code, g in outcomes)
+          + f" ({_children_cpu_s() - cpu_before:.0f} s CPU, {time.monotonic() - wall_before:.0f} s wall)")
     return out, seconds
 
 
@@ -254,7 +262,7 @@ def _weights(model_dir):
     return {n: reader.get_tensor(n) for n in names}
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_quickstart(data_dir, tmp_path):
     env = mr.env(data_dir)
     model_dir = tmp_path / "run"
@@ -276,7 +284,7 @@ def test_quickstart(data_dir, tmp_path):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_pixel_d4pg_in_process(tmp_path):
     model_dir = tmp_path / "run"
     _run_row("pixel D4PG in-process", mr.args([PIXELS], model_dir, PIXEL, ["--mode=train"]), mr.env(tmp_path),
@@ -284,7 +292,7 @@ def test_pixel_d4pg_in_process(tmp_path):
     _once_each(model_dir, 12)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_pixel_d4pg_with_an_actor_process(tmp_path):
     model_dir = tmp_path / "run"
     params = PIXEL + ("D4PGTask.num_actors = 1", "D4PGTask.weights_every = 20")
@@ -293,7 +301,7 @@ def test_pixel_d4pg_with_an_actor_process(tmp_path):
     _once_each(model_dir, 12)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_two_launcher_workers(data_dir, tmp_path):
     model_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "expframe.launch", "--workers=2", "--"]
@@ -305,7 +313,7 @@ def test_two_launcher_workers(data_dir, tmp_path):
     _once_each(model_dir, 12)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_two_run_study(data_dir, tmp_path):
     root = tmp_path / "study"
     argv = [sys.executable, "-m", "expframe.sweep", f"--gin_file={QUICKSTART}", f"--study_dir={root}",
