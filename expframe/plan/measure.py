@@ -218,6 +218,7 @@ def footprint(gin_files: Sequence[str], gin_params: Sequence[str], settings: Dic
                    param_bytes=sizes["params"], grad_bytes=sizes["grads"], slot_bytes=sizes["slots"],
                    activation_bytes_fixed=max(0.0, a1 - per_act * b1), activation_bytes_per_example=per_act,
                    num_params=sizes["num_params"], sync_collectives=_sync_collectives(task.trackables()), ops=ops,
+                   examples_per_step_factor=task.examples_per_step / task.global_batch_size,
                    precision=settings["precision"], model_axis=int(mesh.get("model", 1)))
     details.update(flops=flops, activation_bytes=activations, examples_per_epoch=_examples_per_epoch(task, settings))
     if settings["d4pg"]:

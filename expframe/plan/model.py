@@ -48,6 +48,7 @@ class Footprint:
     num_params: int
     sync_collectives: int = 0
     ops: int = 0
+    examples_per_step_factor: float = 1.0  # examples a step consumes per global-batch example (a GAN: disc_steps)
     precision: str = "float32"
     model_axis: int = 1
 
@@ -174,7 +175,7 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
     parts = {"compute": compute, "comm": comm, "input": input_s, "host": host}
     row = {"devices": devices, "data_axis": data, "model_axis": model, "global_batch": global_batch,
            "per_replica_batch": per_replica, "step_s": step, **{f"{k}_s": v for k, v in parts.items()},
-           "all_reduce": algorithm, "examples_per_s": global_batch / step,
+           "all_reduce": algorithm, "examples_per_s": global_batch * fp.examples_per_step_factor / step,
            "memory_bytes": {**memory, "total": total, "device": hw.memory_bytes},
            "fits": total <= hw.memory_bytes, "shortfall_bytes": max(0.0, total - hw.memory_bytes),
            "bottleneck": max(parts, key=parts.get)}

@@ -130,3 +130,11 @@ def test_calibrated_utilisation_reproduces_the_measured_step():
     assert row["host_s"] == pytest.approx(500 * 1e-5)  # dispatch on the CPU adds to the step
     with pytest.raises(ValueError, match="nothing left"):
         model.calibrated_utilisation(fp, cpu, 1, 8, st, measured_step_s=1e-3)
+
+
+def test_examples_per_s_counts_what_a_step_consumes():
+    # A GAN step takes disc_steps sub-batches of real images: 5 x the global batch per step.
+    gan = model.Footprint(**{**FP.__dict__, "examples_per_step_factor": 5.0})
+    hw, st = catalogue.published("v3"), model.Settings(utilisation=0.3, precision="mixed_bfloat16")
+    assert model.plan_row(gan, hw, 8, 256, st)["examples_per_s"] == pytest.approx(
+        5 * model.plan_row(FP, hw, 8, 256, st)["examples_per_s"])
