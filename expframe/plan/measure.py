@@ -56,7 +56,7 @@ def experiment_settings(gin_files: Sequence[str], gin_params: Sequence[str]) -> 
         "steps_per_loop": _query("Trainer.steps_per_loop", 100),
         "samples_per_insert": _query("D4PGTask.samples_per_insert"), "num_actors": _query("D4PGTask.num_actors", 0),
         "uses": [name for name in KNOWN_TRAIN_EXAMPLES if f"{name}." in text or f"@{name}" in text],
-        "d4pg": "D4PGTask" in text, "gin_files": list(gin_files)}
+        "d4pg": "D4PGTask" in text, "gan": "GANTask." in text, "gin_files": list(gin_files)}
     if not settings["global_batch_size"] or not settings["train_steps"]:
         raise ConfigError(f"{', '.join(gin_files)}: binds no Trainer.global_batch_size or Trainer.train_steps; the "
                           "planner plans a training run (pass them with --gin_param).")
@@ -74,6 +74,8 @@ def _overrides(settings: Dict) -> List[str]:
         out += ["imagenet_input.use_mock = True", "imagenet_input.mock_num_examples = 8"]
     if settings["d4pg"]:
         out += ["D4PGTask.num_actors = 0"]
+    if settings["gan"]:
+        out += ["GANTask.feature_network = None"]  # eval metrics only: no Inception graph or classifier to train
     return out
 
 
