@@ -96,15 +96,18 @@ def _built(gin_files, gin_params, settings, batch: int):
     return replicator, task
 
 
-def _spec(element_spec, batch: int):
-    def one(spec):
-        shape = [batch if d is None else d for d in spec.shape]
-        return tf.TensorSpec(shape, spec.dtype)
-    return tf.nest.map_structure(one, element_spec)
+def _spec(dataset: tf.data.Dataset):
+    """The shapes of one train element: the dataset's spec where it is static, else those of
+    its first element (e.g. a GAN's disc_steps x batch sub-batches, batched without a static size)."""
+    spec = dataset.element_spec
+    if all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+        return spec
+    element = next(iter(dataset.take(1)))
+    return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), element)
 
 
-def _graph(replicator, task, batch: int) -> tf.Graph:
-    spec = _spec(task.train_input_fn(tf.distribute.InputContext()).element_spec, batch)
+def _graph(replicator, task) -> tf.Graph:
+    spec = _spec(task.train_input_fn(tf.distribute.InputContext()))
     step = tf.function(lambda element: replicator.run(task.train_step, element))
     return step.get_concrete_function(spec).graph
 
@@ -208,7 +211,7 @@ def footprint(gin_files: Sequence[str], gin_params: Sequence[str], settings: Dic
     flops, activations, ops, details = [], [], 0, {"probe_batches": list(probe_batches)}
     for batch in probe_batches:
         replicator, task = _built(gin_files, gin_params, settings, batch)
-        graph = _graph(replicator, task, batch)
+        graph = _graph(replicator, task)
         flops.append(graph_flops(graph))
         activations.append(saved_activation_bytes(graph))
         ops = graph_ops(graph)
