@@ -22,7 +22,7 @@ examples/s (median over calls) and the CPU time per example (all threads of the
 process: what the work costs, much less sensitive than wall time to other work on the
 machine), and for each runner and setting the ratio 8 replicas / 1 replica.
 
-Notes from the measurements: below, and README ("Logical CPU replicas: threads").
+Notes from the measurements: below, and docs/hardware.md ("Logical CPU replicas: threads").
 
 Thread settings:
   expframe    what expframe's cpu target sets when it splits the CPU (into 8 devices, also

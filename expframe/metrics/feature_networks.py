@@ -62,10 +62,10 @@ class FrozenGraphNetwork(FeatureNetwork):
     def __init__(self, path: str, binding: str = "inception_network.graph_path"):
         if not path:
             raise ConfigError(f"{binding} is not set: bind it to the path of classify_image_graph_def.pb "
-                              "(from inception-2015-12-05.tgz; see README, SN-GAN).")
+                              "(from inception-2015-12-05.tgz; see docs/sngan.md).")
         if not tf.io.gfile.exists(path):
             raise ConfigError(f"{binding}={path!r}: no such file; put classify_image_graph_def.pb (from "
-                              "inception-2015-12-05.tgz) there, or bind the path where it is (see README, SN-GAN).")
+                              "inception-2015-12-05.tgz) there, or bind the path where it is (see docs/sngan.md).")
         graph_def = tf.compat.v1.GraphDef()
         try:
             with tf.io.gfile.GFile(path, "rb") as f:

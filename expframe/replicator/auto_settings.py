@@ -15,7 +15,7 @@ anything runs, one line, exit 2):
   cpu, 1 replica      works. 'auto': off, not measured: ResNet-20 ran at
                       0.61-0.77x compiled, the quickstart's ResNet-8 between 0.70x
                       and 1.77x (busy machine), a small convnet faster; one small
-                      probe would answer for every model (README, "Precision and
+                      probe would answer for every model (docs/hardware.md, "Precision and
                       XLA"); set True where it pays.
   cpu, N > 1          fails: a step that updates variables mirrored on several
                       logical devices ("Trying to access resource ... located in

@@ -32,7 +32,7 @@ mean and (biased) variance. They are used for the evaluation's samples only: the
 copied statistics are put back after it, so checkpoints and training do not see
 them. `ema_standing_passes = 0` (the default) samples with the copied statistics:
 on `sngan_shapes` standing statistics (16 passes) gave a worse FID and sample
-accuracy at the final step than the copied ones (README, SN-GAN;
+accuracy at the final step than the copied ones (docs/sngan.md;
 benchmarks/sngan_standing_stats.py).
 
 Evaluation (`evaluate`): `num_eval_samples` images from the sampling generator
