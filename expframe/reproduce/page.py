@@ -346,8 +346,9 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
         rec = records.get(result.name)
         lines += ["", f'<a id="{result.name}"></a>', "", f"## {result.title}", ""]
         if result.readme:
-            lines += [f"Quoted in [{result.readme.split('#')[0]}](../{result.readme})." if not quick else
-                      f"(README: `{result.readme}`)", ""]
+            verb = "Quoted in" if result.readme.startswith("README.md") else "Discussed in"
+            lines += [f"{verb} [{result.readme.split('#')[0]}](../{result.readme})." if not quick else
+                      f"(docs: `{result.readme}`)", ""]
         if rec is None:
             if sittings[result.name]:
                 lines += [f"Pending: {_so_far(sittings[result.name])}; rerun `{commands[result.name]}` to continue "

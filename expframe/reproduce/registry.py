@@ -87,7 +87,7 @@ class Experiment:
       minutes: expected wall time on 2 idle cores (progress lines only): for the learning
         set, measured on the slowest 2-core machine seen (AMD EPYC without AVX-512,
         2026-12-01, docs/results.md); the machine of 2026-11-30 ran SN-GAN shapes in a fifth.
-      readme: the README section that quotes it.
+      readme: where the docs discuss it: a README section that quotes its number, or a guide.
     """
 
     name: str
@@ -222,7 +222,7 @@ D4PG_ACTORS = Experiment(
     thresholds=(Threshold("episode_return", ">=", 800.0),),
     quick_params=_D4PG_TINY + ("D4PGTask.num_actors = 1", "D4PGTask.actor_sigmas = (0.3,)",
                                "D4PGTask.weights_every = 10"),
-    test="tests/test_d4pg_experiments.py", minutes=5, readme="README.md#distributed-acting-actor-processes-over-rpc")
+    test="tests/test_d4pg_experiments.py", minutes=5, readme="docs/d4pg.md#distributed-acting-actor-processes-over-rpc")
 
 D4PG_PIXELS = Experiment(
     name="d4pg_control_pixels",
@@ -236,7 +236,7 @@ D4PG_PIXELS = Experiment(
         "control_suite.size = 16", "control_suite.frame_stack = 2", "drq_encoder.num_filters = 4",
         "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "D4PGTask.min_replay_size = 40",
         "D4PGTask.max_replay_size = 2000", "control_suite.action_repeat = 25"),
-    test="tests/test_d4pg_pixels_experiments.py", minutes=80, readme="README.md#d4pg-from-pixels")
+    test="tests/test_d4pg_pixels_experiments.py", minutes=80, readme="docs/d4pg.md#d4pg-from-pixels")
 
 VIT_MESH = Experiment(
     name="vit_shapes_mesh", title="ViT on a batch 2 x model 2 DTensor mesh of CPU devices, shapes",
@@ -244,7 +244,7 @@ VIT_MESH = Experiment(
     thresholds=(Threshold("top1", ">=", 0.90),),
     quick_params=_SHAPES_TINY + ("ViT.depth = 1", "ViT.width = 16", "ViT.mlp_dim = 32",
                                  "Trainer.global_batch_size = 8", "Trainer.eval_steps = 1"),
-    test="tests/test_vit_mesh_experiments.py", minutes=9, readme="README.md#model-parallelism-dtensor-mesh")
+    test="tests/test_vit_mesh_experiments.py", minutes=9, readme="docs/mesh.md#model-parallelism-dtensor-mesh")
 
 LEARNING = (QUICKSTART, SNGAN_SHAPES, D4PG_CONTROL, D4PG_ACTORS, D4PG_PIXELS, VIT_MESH)
 
@@ -337,11 +337,11 @@ BENCHMARKS = (
               ("--quick",), _plan_vs_measured, minutes=30, readme="docs/planning.md#checked-on-this-machine"),
     Benchmark("collectives", "All-reduce on CPU replicas against one copy of the same bytes",
               "benchmarks/collectives.py", (), ("--quick", "--allocator=bfc", "--repeats=1", "--variants=replicator"),
-              _collectives, minutes=6, readme="README.md#the-programming-model"),
+              _collectives, minutes=6, readme="docs/programming_model.md#the-programming-model"),
     Benchmark("runner_overhead", "expframe's train loop against a hand-written tf.distribute loop (ResNet-20)",
               "benchmarks/runner_overhead.py", (),
               ("--replicas", "2", "--global_batch_size", "8", "--steps_per_call", "1", "--repeats", "1"),
-              _runner_overhead, minutes=6, readme="README.md#the-programming-model"),
+              _runner_overhead, minutes=6, readme="docs/programming_model.md#the-programming-model"),
     Benchmark("resnet50_throughput", "ResNet-50: expframe against a hand-written loop and Keras fit, with MFU",
               "benchmarks/resnet50_throughput.py", ("--quick",),
               ("--sizes", "32", "--replicas", "1", "--precisions", "float32", "--global_batch_size", "1",
@@ -350,16 +350,16 @@ BENCHMARKS = (
     Benchmark("scaling", "Weak scaling on CPU cores: 2 workers (or 2 replicas) against 1 (ResNet-20)",
               "benchmarks/scaling.py", (),
               ("--steps_per_call", "1", "--warmup_calls", "1", "--calls", "1", "--repeats", "1", "--timeout", "900"),
-              _scaling, minutes=10, readme="README.md#where-it-runs-one-binding"),
+              _scaling, minutes=10, readme="docs/hardware.md#where-it-runs-one-binding"),
     Benchmark("data_checkpoint_size", "Bytes of the data position in a checkpoint (ResNet-50 ImageNet pipeline)",
               "benchmarks/data_checkpoint_size.py", (), ("--smoke",), _data_checkpoint, minutes=5,
-              readme="README.md#running-experiments"),
+              readme="docs/running.md#running-experiments"),
     Benchmark("d4pg_throughput", "D4PG: learner updates/s on 1 and 2 replicas, env steps/s with 1 and 2 actors",
               "benchmarks/d4pg_throughput.py", (), ("--smoke",), _d4pg_throughput, minutes=4,
-              readme="README.md#distributed-acting-actor-processes-over-rpc"),
+              readme="docs/d4pg.md#distributed-acting-actor-processes-over-rpc"),
     Benchmark("model_parallel", "Model parallelism on a DTensor mesh: memory per device and examples/s",
               "benchmarks/model_parallel.py", (), ("--smoke",), _model_parallel, minutes=4,
-              readme="README.md#model-parallelism-dtensor-mesh"),
+              readme="docs/mesh.md#model-parallelism-dtensor-mesh"),
 )
 
 
@@ -386,7 +386,7 @@ SNGAN_BATCH = StudyResult(
     # Measured on the slow 2-core AMD EPYC (AVX2) of 2026-12-01, 2 runs at once: per pair of seeds
     # about 8, 11, 19, 38 and 75 min at batch 16, 32, 64, 128, 256 (~58 examples/s per run);
     # the machine of 2026-11-30, which sized the study, ran all 18 runs in about 70 minutes.
-    parallel=2, minutes=285, readme="README.md#studies")
+    parallel=2, minutes=285, readme="docs/sngan.md#sn-gan-the-papers-second-benchmark")
 
 QUICKSTART_BATCH = StudyResult(
     name="quickstart_batch", title="Quickstart batch-size study: top-1 against the global batch, rate scaled linearly",
@@ -397,7 +397,7 @@ QUICKSTART_BATCH = StudyResult(
                   "Trainer.eval_every_steps = None", "Trainer.checkpoint_every_steps = 2"),
     quick_zips=("Trainer.global_batch_size=[16]", "keras.optimizers.Adam.learning_rate=[1e-3]",
                 "Trainer.train_steps=[2]"), quick_sweeps=("run_experiment.seed=[0]",),
-    parallel=2, minutes=8, readme="README.md#studies")
+    parallel=2, minutes=8, readme="docs/studies.md#studies")
 
 STUDIES = (SNGAN_BATCH, QUICKSTART_BATCH)
 
