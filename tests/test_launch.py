@@ -470,4 +470,6 @@ def test_the_coordination_services_shutdown_abort_shows_only_when_the_cluster_fa
     proc, _ = _launch(_FAST, ["--workers=2", "--", prog])
     assert proc.returncode == (0 if status == 0 else 1), proc.stdout + proc.stderr
     shown = proc.stdout.count("StartAbort UNAVAILABLE: The tasks have crashed")
-    assert shown == (0 if status == 0 else 2), proc.stdout
+    # A failed cluster shows what its workers printed; the second worker may be stopped
+    # (the first one's failure) before it printed its line, so at least one.
+    assert (shown == 0) if status == 0 else (shown >= 1), proc.stdout

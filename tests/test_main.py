@@ -62,7 +62,8 @@ def test_one_and_two_replicas_give_the_same_losses(data_dir, tmp_path):
 
 
 # Slow (about 105 s): for the default suite's time limit; SIGKILL and exact resume are in the
-# default tests through tests/test_recovery.py's chaos test (bit-identical end).
+# default tests through tests/test_stop_matrix.py's quickstart row and tests/test_recovery.py's
+# chaos test (bit-identical end).
 @pytest.mark.slow
 def test_sigkill_and_resume_equals_uninterrupted(data_dir, tmp_path):
     params = DETERMINISTIC + ("Trainer.train_steps = 12", "Trainer.steps_per_loop = 1",
@@ -89,6 +90,9 @@ def test_sigkill_and_resume_equals_uninterrupted(data_dir, tmp_path):
     assert len(mr.metrics(killed_dir, "train")) == 12
 
 
+# Slow: tests/test_stop_matrix.py's quickstart row checks the same in the default suite
+# (SIGTERM to the main pid: exit 0, the checkpoint at the named step, the resume).
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(data_dir, tmp_path):
     model_dir = tmp_path / "run"
     params = mr.SMALL + mr.ONE_REPLICA + ("Trainer.train_steps = 100000", "Trainer.steps_per_loop = 1",

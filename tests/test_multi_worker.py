@@ -114,6 +114,8 @@ class Cluster:
                     env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
             except (OSError, ValueError, IndexError):
                 continue
+            if b"TF_CONFIG" not in env:  # the launcher's guard (expframe/processes.py) is a child too
+                continue
             task = json.loads(env[b"TF_CONFIG"])["task"]
             found[f"{task['type']} {task['index']}"] = pid
         self.pids.update(found)
