@@ -33,7 +33,7 @@ from tests import main_runner as mr
 
 # Written by other tools or owned elsewhere, not guides: results.md and conformance_matrix.md
 # are generated (their commands are records of runs), planning.md is the planner's own page.
-NOT_GUIDES = {"results.md", "conformance_matrix.md", "planning.md"}
+NOT_GUIDES = {"results.md", "conformance_matrix.md"}
 PAGES = ["README.md"] + sorted(
     os.path.join("docs", f) for f in os.listdir(os.path.join(mr.ROOT, "docs"))
     if f.endswith(".md") and f not in NOT_GUIDES)
