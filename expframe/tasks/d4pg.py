@@ -197,6 +197,10 @@ class D4PGTask(ObservationNetworks, Task):
             raise xf.ConfigError(
                 f"D4PGTask acts in the learner's process (synchronous mode), which needs one host; "
                 f"Replicator.target={replicator.target!r} runs several: use 'cpu', 'gpu' or 'tpu'.")
+        if replicator.target == "mesh":
+            raise xf.ConfigError(
+                f"D4PGTask's train step {self.xla_incompatible}, which a DTensor mesh step cannot take "
+                f"(Replicator.target='mesh'): use Replicator.target='cpu', 'gpu' or 'tpu'.")
         env_seed, eval_seed, replay_seed, noise_seed = np.random.SeedSequence(seed).generate_state(4)
         self._reseed_at_resume = False   # set by restore_acting; done at the first host call
         # With actor processes the learner does not act: no acting environment of its own (for

@@ -191,6 +191,9 @@ def combinations(slow: bool = True) -> List[Combination]:
                            r"^D4PGTask acts in the learner's process .*Replicator.target='multi_worker' runs several"))
     out.append(Combination("d4pg", "parameter_server x1", "float32", r"^D4PGTask acts in the learner's process "
                            r".*Replicator.target='parameter_server' runs several", slow=True))
+    out += [Combination("d4pg", target, "float32", r"^D4PGTask's train step sends its TD errors to the host "
+                        r".*Replicator.target='mesh'.*use Replicator.target='cpu'")
+            for target in ("mesh 1x1", "mesh 2x2")]
     out.append(Combination("sngan", "parameter_server x1", "float32",
                            r"^SyncBatchNorm cannot synchronise under Replicator.target='parameter_server'", slow=True))
     for target in ("mesh 1x1", "mesh 2x2"):
