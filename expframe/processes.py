@@ -72,12 +72,17 @@ while True:
             groups.add(int(line[1:]))
         elif line[:1] == b"-":
             groups.discard(int(line[1:]))
-def alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except OSError:
-        return False
+def alive(pgid):  # a member that is not a zombie (killpg(pgid, 0) also finds zombies: as live_groups)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+                return True
+    return False
 for sig in (signal.SIGTERM, signal.SIGKILL):
     for pgid in list(groups):
         try:
