@@ -106,24 +106,27 @@ def describe_status(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (a zombie has ended)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def live_groups() -> Dict[int, List[int]]:
+    """Each process group that has a live (not zombie) member -> those members' pids, from
+    one read of /proc."""
+    groups: Dict[int, List[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[0] not in ("Z", "X"):
+                groups[int(stat[2])].append(int(entry))
+    return dict(groups)
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any process of group `pgid` is alive (zombies excepted: they are dead)."""
-    for pid in pids_in_group(pgid):
-        if not _is_zombie(pid):
-            return True
-    return False
-
-
-def pids_in_group(pgid: int) -> List[int]:
-    """The pids of group `pgid`, read from /proc."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        stat = _stat(int(entry))
-        if stat is not None and int(stat[2]) == pgid:
-            out.append(int(entry))
-    return out
+    return pgid in live_groups()
 
 
 def _stat(pid: int) -> Optional[List[str]]:
@@ -133,11 +136,6 @@ def _stat(pid: int) -> Optional[List[str]]:
             return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-
-
-def _is_zombie(pid: int) -> bool:
-    stat = _stat(pid)
-    return stat is None or stat[0] in ("Z", "X")
 
 
 class Child:
@@ -313,12 +311,15 @@ class Owner:
                 child.signal(signum)
             if child.is_stopped():
                 child.signal(SIGKILL)
+        def running() -> List[Child]:  # one read of /proc for all of them
+            live = live_groups()
+            return [c for c in targets if c.alive() or c.pgid in live]
+
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(c.group_alive() for c in targets):
+        while time.monotonic() < deadline and running():
             time.sleep(0.02)
-        for child in targets:
-            if child.group_alive():
-                child.signal(SIGKILL)
+        for child in running():
+            child.signal(SIGKILL)
         for child in targets:
             child.popen.wait()
             child.join_output()

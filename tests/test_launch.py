@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from expframe import launch
+from expframe import launch, processes
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LAUNCH_PY = os.path.join(_REPO, "expframe", "launch.py")
@@ -413,18 +413,10 @@ def _pids(stdout):
 def _all_gone(pids, within_s):
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if all(_gone(p) or _zombie(p) for p in pids):
+        if not any(processes.alive(p) for p in pids):
             return True
         time.sleep(0.1)
     return False
-
-
-def _zombie(pid):
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
 
 
 @pytest.mark.timeout(60)

@@ -22,18 +22,10 @@ _LEAVE_A_SLEEP = "sleep 120 & echo $!"
 def _gone_within(pids, seconds):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not any(processes.group_alive(p) or _alive(p) for p in pids):
+        if not any(processes.group_alive(p) or processes.alive(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 @pytest.mark.timeout(30)
@@ -75,9 +67,9 @@ def test_the_group_of_an_exited_leader_is_still_stopped():
         assert child.wait(timeout=10) == 0
         child.join_output()
         sleeper = int(lines[0])
-        assert processes.group_alive(child.pgid) and _alive(sleeper)  # sh is gone, its sleep is not
+        assert processes.group_alive(child.pgid) and processes.alive(sleeper)  # sh is gone, its sleep is not
         assert owner.reap(child) == 0
-        assert not _alive(sleeper) and not processes.group_alive(child.pgid)
+        assert not processes.alive(sleeper) and not processes.group_alive(child.pgid)
         assert owner.children == []
 
 
@@ -118,11 +110,12 @@ def test_sigkill_of_the_owner_leaves_no_descendant():
     proc.kill()
     proc.wait()
     try:
-        assert _gone_within([child, grandchild], 3.0 + processes.GUARD_GRACE_S), processes.pids_in_group(child)
-        assert _gone_within(list(tree), 2.0), {p: c for p, c in tree.items() if _alive(p)}  # the guard too
+        assert _gone_within([child, grandchild], 3.0 + processes.GUARD_GRACE_S), \
+            [p for p in (child, grandchild) if processes.alive(p)]
+        assert _gone_within(list(tree), 2.0), {p: c for p, c in tree.items() if processes.alive(p)}  # the guard too
     finally:
         for pid in (child, grandchild):
-            if _alive(pid):
+            if processes.alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -143,4 +136,4 @@ def test_run_collects_the_output_and_a_timeout_stops_the_whole_group():
         processes.run(["sh", "-c", "sleep 120 & echo $!; wait"], "slow", timeout=1.0)
     sleeper = int(e.value.output.split()[0])
     assert time.monotonic() - started < 1.0 + processes.GUARD_GRACE_S + 2
-    assert not _alive(sleeper)
+    assert not processes.alive(sleeper)

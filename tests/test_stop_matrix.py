@@ -64,14 +64,6 @@ _SAVED = re.compile(r"(?:^|\] )received (SIG\w+) at step (\d+): checkpoint saved
 _RESUMED = re.compile(r"(?:^|\] )resuming from step (\d+) ")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 class _Tree:
     """A process started in a session of its own (as from a shell), its output, and every
     pid and process group seen below it while it ran."""
@@ -133,12 +125,12 @@ class _Tree:
         """What of the tree still runs: pid -> command line."""
         out = {}
         for pid in self.pids:
-            if _alive(pid):
+            if processes.alive(pid):
                 out[pid] = _cmdline(pid)
+        live = processes.live_groups()
         for pgid in self.pgids:
-            for pid in processes.pids_in_group(pgid):
-                if _alive(pid):
-                    out[pid] = _cmdline(pid)
+            for pid in live.get(pgid, ()):
+                out[pid] = _cmdline(pid)
         return out
 
     def seconds_until_gone(self, sent: float) -> Optional[float]:

@@ -204,15 +204,16 @@ def choose(question: str, key: str, candidates: Sequence[str], make_timer: Calla
         seconds = measure(candidates, make_timer(), repeats)
         load = (load_average or _load_average)()
         now = datetime.datetime.now().isoformat(timespec="seconds")
+        value = decide(seconds, candidates)
         if load is not None and load > _cores():
             not_cached = (f"the machine is busy (load average {load:.2f} on {_cores()} cores), so this measurement "
                           "holds for this run only; the next run measures again")
         else:
-            failure = _store(path, key, {"choice": decide(seconds, candidates), "seconds": seconds,
-                                         "measured_at": now, "load_average": load})
+            failure = _store(path, key, {"choice": value, "seconds": seconds, "measured_at": now,
+                                         "load_average": load})
             if failure:
                 not_cached = f"could not write {path} ({failure}), so the choice holds for this run only"
-        choice = Choice(decide(seconds, candidates), seconds, True, path, now, load, not_cached is None)
+        choice = Choice(value, seconds, True, path, now, load, not_cached is None)
     load_text = "" if choice.load_average is None else f" at load average {choice.load_average:.2f}"
     when = f"measured now{load_text}" if choice.measured_now else f"measured {choice.measured_at}{load_text}"
     where = (f"cached in {path} ({REMEASURE_ENV}=1 measures again)" if not_cached is None

@@ -18,7 +18,6 @@ import json
 import os
 import resource
 import shlex
-import signal
 import sys
 import time
 from typing import Optional
@@ -167,21 +166,6 @@ def _numbers(record: dict) -> dict:
     return {k: v for k, v in record.items() if k == "step" or (isinstance(v, (int, float)) and not isinstance(v, bool))}
 
 
-def _run_child(argv: list[str], name: str, on_line=None) -> int:
-    """Runs `argv` in the repository through this process's `processes.owner()` (a session
-    of its own; output to `on_line`, or straight to this process's when None) and returns
-    its exit status. Interrupted (Ctrl-C, an error), it stops the child's whole group
-    before it re-raises, never leaving it running."""
-    owner = processes.owner()
-    child = owner.start(argv, name, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"), on_line=on_line,
-                        capture=on_line is not None)
-    try:
-        return owner.reap(child)
-    except BaseException:
-        owner.stop([child], signal.SIGTERM, grace_s=5.0)
-        raise
-
-
 def _baseline(result: registry.Experiment, study: spec.Study, root: str, quick: bool) -> dict:
     """Seed -> the eval metrics of the untrained model, from `expframe.reproduce.baseline`."""
     out = {}
@@ -192,7 +176,8 @@ def _baseline(result: registry.Experiment, study: spec.Study, root: str, quick: 
                 + [f"--gin_param={p}" for p in study.gin_params + run.gin_params])
         if not os.path.isfile(path):
             say(f"{result.name}: evaluating the untrained model ({run.name})")
-            code = _run_child(argv, f"baseline {run.name}")
+            code = processes.run(argv, f"baseline {run.name}", cwd=REPO,
+                                 env=dict(os.environ, PYTHONUNBUFFERED="1"), capture=False).returncode
             if code != 0:
                 raise RuntimeError(f"{shown(argv)} exited {code}")
         with open(path, encoding="utf-8") as f:
@@ -260,7 +245,8 @@ def run_benchmark(result: registry.Benchmark, root: str, quick: bool) -> tuple[d
                 if not runner._TF_LOG_LINE.match(line):  # pylint: disable=protected-access
                     print(f"[{result.name}] {line}", end="" if line.endswith("\n") else "\n", flush=True)
 
-            code = _run_child(argv, result.name, on_line)
+            code = processes.run(argv, result.name, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                 on_line=on_line).returncode
         if code != 0:
             raise RuntimeError(f"{shown(argv)} exited {code}; its output is in {log}")
         os.replace(running_out, out)

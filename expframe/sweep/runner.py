@@ -167,7 +167,6 @@ class _Attempt:
         # Its own session (processes.Owner): a Ctrl-C reaches this process only, which
         # forwards it once (main.py takes a second signal as "stop now, no checkpoint").
         self.child = owner.start(argv, run.name, env=env, on_line=self._on_line)
-        self.popen = self.child.popen
 
     def _on_line(self, child: processes.Child, raw: bytes) -> None:  # pylint: disable=unused-argument
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
@@ -187,7 +186,7 @@ class _Attempt:
                     return True
             except OSError:
                 pass
-        return self.popen.poll() is not None
+        return self.child.poll() is not None
 
     def signal(self, signum: int) -> None:
         self.stopped_by = self.stopped_by or signum
@@ -295,7 +294,7 @@ def run_study(study: Study, root: str, config_texts: Optional[Mapping[str, str]]
                 running.append(attempt)
                 first = first or attempt
                 gate_open = at_once == 1 or attempt is not first
-            for attempt in [a for a in running if a.popen.poll() is not None]:
+            for attempt in [a for a in running if a.child.poll() is not None]:
                 running.remove(attempt)
                 result = outcome[attempt.run.name] = attempt.finish()
                 how = "done" if result["exit_code"] == 0 else f"exit {result['exit_code']}: {result['error']}"
