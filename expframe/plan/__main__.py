@@ -114,6 +114,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         hw = planner.hardware(args.hardware, args.devices_per_host, args.inter_host_gbps, args.latency_us,
                               args.cpu_flops)
         fp, details = measure.footprint(args.gin_file, args.gin_param, settings)
+        if hw.kind == "cpu" and fp.sync_collectives:
+            hw = planner.with_sync_probe(hw, args.devices)
         plan = planner.make_plan(fp, details, settings, hw, args.devices, args.global_batch_size, args.utilisation,
                                  args.precision, args.input_us_per_example, args.host_ms, args.actors,
                                  args.actor_steps_per_s)

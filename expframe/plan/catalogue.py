@@ -51,6 +51,10 @@ class Hardware:
         replicas): the step's compute time is then that of the whole global batch.
       sources: where each value comes from (text).
       per_op_s: host time to dispatch one op of the step (TensorFlow's executor).
+      sync_layer_s: measured seconds one synchronised batch-norm layer's collectives add
+        to a step, per data-parallel device count (`collective_probe`, this machine only);
+        where a count is missing the latency formula of `model.small_all_reduce_s` is used.
+      cores: for shared compute, the cores its replicas share (each dispatches on one).
     """
     name: str
     kind: str
@@ -68,6 +72,8 @@ class Hardware:
     pod_devices: Optional[int] = None
     shared_compute: bool = False
     per_op_s: float = 0.0
+    sync_layer_s: Optional[Dict[int, float]] = None
+    cores: int = 1
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s at a Keras precision policy; a TPU runs float32 matmuls at its bf16 rate
@@ -169,6 +175,7 @@ def measured_cpu(achieved_flops: float, utilisation: float = 1.0, copy_bandwidth
         intra_host=Link("host memory (logical replicas)", bandwidth, latency_s),
         inter_host=Link("gRPC over loopback (workers)", loopback_bandwidth, latency_s * 10),
         utilisation=utilisation, overlap=False, shared_compute=True, per_op_s=per_op_s,
+        cores=len(os.sched_getaffinity(0)),
         sources={"peak_flops": measured, "memory": "os.sysconf (physical pages)",
                  "interconnect": "a 64 MiB numpy copy, timed here; loopback an assumption",
                  "utilisation": "1.0 of the probe's rate unless --utilisation (calibrate with a 1-replica run)",

@@ -16,12 +16,17 @@ Communication is the all-reduce the target runs:
   bandwidth per pod' divided by its chips); slices beyond a pod add a ring over DCN.
 
 Host: per host call (`--host_ms`, spread over steps_per_loop steps) plus dispatching the
-step's ops (ops x per-op cost: measured on the CPU, where it adds to the step; a stated
-launch cost on a GPU, where it shows only when it exceeds the device's work; 0 on a TPU,
-whose step XLA compiles whole).
+step's ops (ops x per-op cost: on the CPU it adds to the step once per replica, since
+logical replicas and loopback workers share the same cores, as many at once as there are
+cores; a stated launch cost on a
+GPU, where it shows only when it exceeds the device's work; 0 on a TPU, whose step XLA
+compiles whole). On this machine the per-op cost and the utilisation come from two
+1-replica steps, at the global batch and at a small batch (`calibrated_host`).
 
 Small collectives (SyncBatchNorm's moments, one per layer forward and one backward) are
-latency-bound: 2 ceil(log2 n) x latency each (a tree). Everything here is plain Python.
+latency-bound: 2 ceil(log2 n) x latency each (a tree); on this machine a synchronised
+layer's cost at each device count is measured instead (`collective_probe`: it includes
+the skew between replicas that the formula leaves out). Everything here is plain Python.
 """
 
 import dataclasses
@@ -156,15 +161,21 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
     # Logical CPU replicas share the machine: the whole global batch runs on one pool of cores.
     compute = (fp.flops(per_replica) * data if hw.shared_compute else fp.flops(per_replica) / model) / achieved
     grad_s, algorithm, link = gradient_all_reduce(hw, data, fp.grad_bytes / model)
-    sync_s = 2 * fp.sync_collectives * small_all_reduce_s(data, link)
+    if data > 1 and hw.sync_layer_s and data in hw.sync_layer_s:   # measured on this machine
+        sync_s = fp.sync_collectives * hw.sync_layer_s[data]
+    else:                                                          # forward and backward, latency-bound
+        sync_s = 2 * fp.sync_collectives * small_all_reduce_s(data, link)
     comm = grad_s + sync_s
     device_s = compute + comm
     per_host = min(devices, hw.devices_per_host)
     input_total = st.input_s_per_example * per_replica * (1 if hw.shared_compute else per_host)
     input_s = max(0.0, input_total - device_s)  # tf.data's prefetch hides what the device step covers
-    # Dispatching the step's ops: on a CPU the same cores pay it; an accelerator hides it behind
-    # its kernels unless dispatch is slower than they are (a small model: then it is the step).
-    dispatch = fp.ops * hw.per_op_s
+    # Dispatching the step's ops: on a CPU the same cores pay it, once per replica (each logical
+    # replica or worker process runs its own copy of the step's ops); an accelerator hides it
+    # behind its kernels unless dispatch is slower than they are (a small model: then it is the step).
+    # (An op's dispatch runs on one core: the replicas' dispatch overlaps as many at once as
+    # there are cores.)
+    dispatch = fp.ops * hw.per_op_s * (max(1.0, data / hw.cores) if hw.shared_compute else 1.0)
     hidden = 0.0 if hw.shared_compute else min(dispatch, device_s)
     host = st.host_call_s / max(1, st.steps_per_loop) + dispatch - hidden
     step = device_s + input_s + host
@@ -196,6 +207,30 @@ def add_efficiency(rows: List[Dict], fp: Footprint, hw: Hardware, st: Settings) 
     for row in rows:
         one = plan_row(fp, hw, max(1, fp.model_axis), max(1, round(row["per_replica_batch"])), st)
         row["efficiency"] = row["examples_per_s"] / (row["data_axis"] * one["examples_per_s"])
+
+
+def calibrated_host(fp: Footprint, hw: Hardware, global_batch: int, small_batch: int, st: Settings,
+                    measured_s: float, measured_small_s: float) -> Tuple[float, float]:
+    """(utilisation, per_op_s) at which the model's 1-device step equals two measured step
+    times, at `global_batch` and at `small_batch`: their difference is compute on the
+    examples between them (the utilisation), what is left at the small batch is the
+    step's fixed host time (dispatch, per op of the traced step).
+
+    Where the small batch's step leaves no host time (its examples are cheaper than the
+    large batch's: activations that fit in cache), the two steps cannot be separated:
+    the utilisation is then calibrated on the large batch alone and the per-op time is
+    the hardware's (`calibrated_utilisation`).
+    """
+    big, small = fp.flops(global_batch), fp.flops(small_batch)
+    if measured_s <= measured_small_s or big <= small:
+        raise ValueError(f"the step at batch {global_batch} ({measured_s:.4g} s) must take longer than at batch "
+                         f"{small_batch} ({measured_small_s:.4g} s) to separate compute from host time")
+    utilisation = (big - small) / (hw.peak(st.precision) * (measured_s - measured_small_s))
+    per_call = st.host_call_s / max(1, st.steps_per_loop)
+    fixed = measured_small_s - small / (hw.peak(st.precision) * utilisation) - per_call
+    if fixed <= 0:
+        return calibrated_utilisation(fp, hw, 1, global_batch, st, measured_s), hw.per_op_s
+    return utilisation, fixed / max(1, fp.ops)
 
 
 def calibrated_utilisation(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: Settings,

@@ -62,6 +62,20 @@ def cpu_per_op_s(length: int = 2000, repeats: int = 5) -> float:
     return statistics.median(times) / length
 
 
+def with_sync_probe(hw: Hardware, devices: Sequence[int], most: int = 16) -> Hardware:
+    """'This machine' with the cost of one synchronised batch-norm layer measured on each of
+    `devices` logical CPU replicas (2 to `most`; `collective_probe`, a few seconds each)."""
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from expframe.plan import collective_probe  # pylint: disable=import-outside-toplevel
+    measured = {}
+    for n in sorted({n for n in devices if 1 < n <= most}):
+        print(f"measuring a synchronised batch-norm layer on {n} logical CPU replicas", file=sys.stderr, flush=True)
+        measured[n] = collective_probe.measure("cpu", n)
+    return dataclasses.replace(hw, sync_layer_s=measured,
+                               sources=dict(hw.sources, sync_layer="measured: expframe.plan.collective_probe"))
+
+
 def hardware(name: str, devices_per_host: Optional[int] = None, inter_host_gbps: Optional[float] = None,
              latency_us: Optional[float] = None, cpu_flops_measured: Optional[float] = None) -> Hardware:
     """The catalogue's entry (or 'cpu', measured now), with the stated overrides applied."""

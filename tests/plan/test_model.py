@@ -1,6 +1,7 @@
 """The planner's model (expframe/plan/model.py): all-reduce formulas against their closed
 forms, step time and memory of a plan row, scaling efficiency. Plain Python, no TensorFlow."""
 
+import dataclasses
 import math
 
 import pytest
@@ -130,6 +131,46 @@ def test_calibrated_utilisation_reproduces_the_measured_step():
     assert row["host_s"] == pytest.approx(500 * 1e-5)  # dispatch on the CPU adds to the step
     with pytest.raises(ValueError, match="nothing left"):
         model.calibrated_utilisation(fp, cpu, 1, 8, st, measured_step_s=1e-3)
+
+
+def test_two_one_replica_steps_separate_compute_from_host_time():
+    """calibrated_host: from steps at batch 120 and 15 on one replica, the utilisation and the
+    per-op host time that reproduce both; shared cores then pay the host time once per replica."""
+    cpu = catalogue.measured_cpu(achieved_flops=1e11, copy_bandwidth=5e9)
+    fp = model.Footprint(**{**FP.__dict__, "ops": 1000, "grad_bytes": 0.0})
+    st = model.Settings(utilisation=1.0, precision="float32")
+    # Made-up truth: utilisation 0.25, 5 us per op.
+    truth = dataclasses.replace(cpu, per_op_s=5e-6)
+    at = {b: model.plan_row(fp, truth, 1, b, dataclasses.replace(st, utilisation=0.25))["step_s"] for b in (120, 15)}
+    u, per_op = model.calibrated_host(fp, cpu, 120, 15, st, at[120], at[15])
+    assert (u, per_op) == (pytest.approx(0.25), pytest.approx(5e-6))
+    two_cores = dataclasses.replace(cpu, per_op_s=per_op, cores=2)
+    four = model.plan_row(fp, two_cores, 4, 120, dataclasses.replace(st, utilisation=u))
+    assert four["host_s"] == pytest.approx(4 / 2 * 1000 * 5e-6)   # 4 replicas' dispatch, 2 at once
+    assert model.plan_row(fp, two_cores, 2, 120, st)["host_s"] == pytest.approx(1000 * 5e-6)
+    assert four["compute_s"] == pytest.approx(4 * fp.flops(30) / (1e11 * 0.25))
+    with pytest.raises(ValueError, match="must take longer"):
+        model.calibrated_host(fp, cpu, 120, 15, st, 0.01, 0.02)
+    # Examples cheaper at the small batch (no host time left): the large batch alone calibrates.
+    probe = dataclasses.replace(cpu, per_op_s=1e-6)
+    u, per_op = model.calibrated_host(fp, probe, 120, 15, st, at[120], at[15] / 4)
+    assert per_op == 1e-6 and model.plan_row(fp, probe, 1, 120, dataclasses.replace(st, utilisation=u))[
+        "step_s"] == pytest.approx(at[120])
+
+
+def test_a_measured_sync_layer_cost_replaces_the_latency_formula():
+    cpu = catalogue.measured_cpu(achieved_flops=1e11, copy_bandwidth=5e9)
+    fp = model.Footprint(**{**FP.__dict__, "sync_collectives": 7, "grad_bytes": 0.0})
+    plain = model.Footprint(**{**FP.__dict__, "sync_collectives": 0, "grad_bytes": 0.0})
+    st = model.Settings(utilisation=1.0, precision="float32")
+
+    def sync_s(hw, n):
+        return model.plan_row(fp, hw, n, 120, st)["comm_s"] - model.plan_row(plain, hw, n, 120, st)["comm_s"]
+    assert sync_s(cpu, 4) == pytest.approx(2 * 7 * model.small_all_reduce_s(4, cpu.intra_host))
+    measured = dataclasses.replace(cpu, sync_layer_s={2: 1e-3, 4: 2e-3})
+    assert sync_s(measured, 4) == pytest.approx(7 * 2e-3)
+    assert sync_s(measured, 8) == pytest.approx(2 * 7 * model.small_all_reduce_s(8, cpu.intra_host))  # formula
+    assert sync_s(measured, 1) == 0.0
 
 
 def test_examples_per_s_counts_what_a_step_consumes():
