@@ -40,6 +40,7 @@ from `actor_seeds(seed, actor id, restart count, step)`, so a restarted actor an
 actors of a resumed learner act with new episodes and noise.
 """
 
+import collections
 import io
 import math
 import threading
@@ -114,7 +115,8 @@ class D4PGTask(ObservationNetworks, Task):
         be behind the learner's when its chunk arrives; an older chunk is dropped and the
         actor fetches and acts again (at least Trainer.steps_per_loop: weights are published
         once per host call). The lags are logged either way: `weight_lag_*` train metrics
-        count the transitions inserted at each lag (learner steps) since the last log.
+        count the transitions inserted at each lag (learner steps) since the process started
+        (in-process acting: all at lag 0).
       actor_startup_timeout_s: the longest an actor process may take to start (import
         TensorFlow, start its renderer) before its first call; the time each took is logged
         and `actor_startup_s` (the slowest) is a train metric.
@@ -227,6 +229,10 @@ class D4PGTask(ObservationNetworks, Task):
         self._learner_time, self._learner_steps_timed, self._call_started = 0.0, 0, None
         self._timed_calls = 0
         self._recent_returns = []
+        # Weight lag (learner steps) -> transitions inserted at it, since this process started:
+        # the trainer logs the metrics of the host call that ends a log interval only, so
+        # the counts are cumulative, not per call (which would drop all calls but one).
+        self._lags: collections.Counter = collections.Counter()
 
     def build(self) -> None:
         self.observation_network, self.target_observation_network = self._observation_networks(_replica_local)
@@ -335,6 +341,9 @@ class D4PGTask(ObservationNetworks, Task):
             due = self._env_steps_due(step + num_steps) - self.actor.env_steps
             if due > 0:
                 self.actor.run(due)
+                # Acted with the weights of this very step: a weight lag of 0 learner steps
+                # (the same measure as the actor processes', for the same metrics).
+                self._lags[0] += due
             self._recent_returns.extend(self.actor.finished_returns())
         if self.replay.size == 0:
             raise xf.RunError("D4PGTask: the replay is empty after acting; raise D4PGTask.min_replay_size.")
@@ -376,6 +385,8 @@ class D4PGTask(ObservationNetworks, Task):
                    "env_steps_per_sec": self.actor.timed_steps / max(self.actor.acting_time, 1e-9)}
         if self.actor_pool is not None:
             metrics.update(self._remote_metrics(step))
+        elif self._lags:
+            metrics.update(lag_histogram(self._lags))
         if self._learner_steps_timed:
             metrics["learner_steps_per_sec"] = self._learner_steps_timed / max(self._learner_time, 1e-9)
         if self._recent_returns:
@@ -424,6 +435,7 @@ class D4PGTask(ObservationNetworks, Task):
         service = self.actor_pool.service
         since, inserted = self._remote_started
         learned = step * self.global_batch_size
+        self._lags.update(service.take_lags())
         # env_steps: transitions the actors sent (the synchronous actor does not act here).
         return {"env_steps": float(self.replay.inserted),
                 "transitions_per_sec": (self.replay.inserted - inserted) / max(time.perf_counter() - since, 1e-9),
@@ -431,7 +443,7 @@ class D4PGTask(ObservationNetworks, Task):
                 "actors_alive": float(self.actor_pool.alive), "actor_restarts": float(self.actor_pool.restarts),
                 "max_weights_version_lag": float(service.max_version_lag),   # learner steps
                 "actor_stale_chunks": float(service.stale),
-                **lag_histogram(service.take_lags()),
+                **lag_histogram(self._lags),
                 "actor_startup_s": max(self.actor_pool.startup_s.values(), default=0.0),
                 "samples_per_insert": learned / max(self.replay.inserted - self.min_replay_size, 1)}
 

@@ -129,6 +129,18 @@ class D4PGLearnerTest(TestCase):
         # Acting kept pace: min_replay_size + 3 steps * 32 samples / 16 per insert.
         self.assertEqual(task.actor.env_steps, 200 + 6)
 
+    def test_in_process_acting_logs_its_weight_lag_over_the_whole_run(self):
+        """Issue 33: acting in the learner's process logs the actor processes' lag metrics:
+        every transition acted with the weights of the step it is inserted at (lag 0), counted
+        since the start, not only over the host call that ends a log interval."""
+        learner = _Learner(1, samples_per_insert=16.0)
+        first = learner.host_call(2)
+        second = learner.host_call(2)
+        self.assertEqual(first["weight_lag_0"], 200 + 4)          # min_replay_size + 2 steps * 32 / 16
+        self.assertEqual(second["weight_lag_0"], second["env_steps"])
+        self.assertEqual((second["weight_lag_0"], second["weight_lag_1"], second["weight_lag_mean"]),
+                         (200 + 8, 0.0, 0.0))
+
     def test_acting_state_round_trips_through_a_checkpoint(self):
         learner = _Learner(1)
         learner.host_call(2)
