@@ -1,6 +1,6 @@
 """The planner against this machine: predicted and measured step time, side by side.
 
-    python benchmarks/plan_vs_measured.py            # ~30 min on 2 idle cores: 2 experiments x 6 configurations
+    python benchmarks/plan_vs_measured.py            # ~20 min on 2 idle cores: 2 experiments x 7 runs
     python benchmarks/plan_vs_measured.py --quick    # 2 points per experiment, short runs (a smoke run)
 
 For the quickstart (ResNet-8, experiments/quickstart.gin) and a CIFAR ResNet-20 (the
@@ -42,6 +42,7 @@ SMALL_BATCH = 15    # its share on 8 replicas: the second 1-replica calibration 
 EXPERIMENTS = {"quickstart": (), "resnet20": ("resnet.depth = 20", "resnet.stem_stride = 1")}
 CONFIGS = (("cpu", 1), ("cpu", 2), ("cpu", 4), ("cpu", 8), ("workers", 2), ("workers", 4))
 GOAL = 0.20
+_SYNC_PROBED = {}   # (kind, n) -> seconds per synchronised layer, measured in this run
 
 
 def _bindings(steps: int, extra, batch: int = GLOBAL_BATCH) -> list:
@@ -96,7 +97,9 @@ def predict(extra, measured_one: float, measured_small: float, configs) -> dict:
     for kind, n in configs:
         sync = {}
         if fp.sync_collectives and n > 1:
-            sync = {n: collective_probe.measure(kind, n)}
+            if (kind, n) not in _SYNC_PROBED:   # the same layer for every experiment: measured once
+                _SYNC_PROBED[kind, n] = collective_probe.measure(kind, n)
+            sync = {n: _SYNC_PROBED[kind, n]}
             out["sync_layer_s"][f"{kind} {n}"] = sync[n]
         target = dataclasses.replace(hw, sync_layer_s=sync)
         if kind != "cpu":
@@ -112,7 +115,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     args = parser.parse_args(argv)
     configs = CONFIGS[:2] if args.quick else CONFIGS
-    steps = 30 if args.quick else 200
+    steps = 30 if args.quick else 100
     load_before = os.getloadavg()[0]
     experiments = []
     for name, extra in EXPERIMENTS.items():

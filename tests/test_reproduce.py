@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -186,6 +187,35 @@ def test_page_states_each_result_with_its_provenance_and_the_pending_ones(tmp_pa
     # Quick records are not mixed into a full page, nor full ones into a quick page.
     quick_path = page.write(work, str(tmp_path / "quick"), True, registry.ALL, commands, [])
     assert "Pending: not run yet." in _sections(open(quick_path, encoding="utf-8").read())["quickstart"]
+
+
+def test_results_of_earlier_sittings_without_records_here_keep_their_rows_and_sections(tmp_path):
+    """Records stay in the (uncommitted) work directory: on a fresh checkout a new result
+    used to rewrite the page without every result measured elsewhere. Those keep their row
+    and section, word for word, until they are run again here."""
+    work, out = str(tmp_path / "work"), str(tmp_path / "docs")
+    _write_records(work)
+    commands = {r.name: f"python -m expframe.reproduce --set={registry.set_of(r)} --only={r.name}"
+                for r in registry.ALL}
+    before = open(page.write(work, out, False, registry.ALL, commands, []), encoding="utf-8").read()
+    fresh = str(tmp_path / "fresh_checkout")
+    os.makedirs(os.path.join(fresh, "records"))
+    shutil.copy(os.path.join(work, "records", "collectives.json"), os.path.join(fresh, "records"))
+    with open(running.record_path(fresh, "collectives"), encoding="utf-8") as f:
+        rec = json.load(f)
+    rec["rows"][0]["value"] = 1.9   # measured again here
+    with open(running.record_path(fresh, "collectives"), "w", encoding="utf-8") as f:
+        json.dump(rec, f)
+    after = open(page.write(fresh, out, False, registry.ALL, commands, []), encoding="utf-8").read()
+    old, new = _sections(before), _sections(after)
+    for name in ("quickstart", "sngan_batch"):
+        assert new[name] == old[name], name
+        row = next(line for line in before.splitlines() if line.startswith(f"| [{name}](#{name}) |"))
+        assert row in after.splitlines() and "pending" not in row
+    assert "| all-reduce / copy | 1.9 | goal <= 3 |" in new["collectives"]
+    assert "| all-reduce / copy | 1.7 |" in old["collectives"]
+    assert new["vit_shapes_mesh"] == old["vit_shapes_mesh"] and "Pending: not run yet." in new["vit_shapes_mesh"]
+    assert after.count("<a id=") == before.count("<a id=") == len(registry.ALL)
 
 
 def test_a_study_stopped_and_resumed_is_recorded_over_its_sittings(tmp_path, monkeypatch):

@@ -3,7 +3,10 @@
 The page lists every registered result of the sets it covers: those with a record
 give their numbers and provenance, the others say which command produces them. It is
 rewritten from all records on disk each time, so sets run one after another (e.g.
-`--set=learning`, then `--set=studies`) fill one page.
+`--set=learning`, then `--set=studies`) fill one page. Records stay in the work
+directory, which is not committed: a result that has no record here but has numbers on
+the page as it is (measured in an earlier sitting, on another checkout) keeps its row
+and section until it is run again.
 """
 
 from __future__ import annotations
@@ -310,6 +313,24 @@ def _summary_row(result, rec: Optional[dict], command: str, sittings: Sequence[d
             f"{rec['wall_s'] / 60:.1f} min |")
 
 
+def _earlier_results(path: str) -> dict[str, tuple[str, list[str]]]:
+    """The results an existing page shows with numbers (not pending): name -> (its summary
+    row, the lines of its section from its anchor to the next)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}
+    rows = {m[1]: m[0] for m in re.finditer(r"^\| \[(\w+)\]\(#\1\) \|(?! pending:).*$", text, re.M)}
+    parts = re.split(r'^(?=<a id="\w+"></a>$)', text, flags=re.M)
+    out = {}
+    for part in parts[1:]:
+        name = re.match(r'<a id="(\w+)"></a>', part)[1]
+        if name in rows:
+            out[name] = (rows[name], [""] + part.rstrip("\n").split("\n"))
+    return out
+
+
 def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dict[str, str],
           set_lines: Sequence[str]) -> str:
     """Writes `<out_dir>/results.md` and `<out_dir>/results/*.png`; returns the page's path.
@@ -324,7 +345,14 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
     """
     records = {r.name: running.read_record(work, r.name) for r in results}
     records = {k: v for k, v in records.items() if v is not None and v.get("quick") == quick}
-    pending = [r.name for r in results if r.name not in records]
+    sittings = {r.name: running.read_sittings(work, r.name) for r in results}
+    path = os.path.join(out_dir, PAGE)
+    # Results measured in an earlier sitting whose records are not on this disk (another
+    # checkout or machine: records stay in the work directory) keep their row and section
+    # from the page as it is, until they are run again here.
+    earlier = {} if quick else {name: kept for name, kept in _earlier_results(path).items()
+                                if name not in records and not sittings.get(name)}
+    pending = [r.name for r in results if r.name not in records and r.name not in earlier]
     images = IMAGES
     lines = ["# Results", "",
              "Written by `python -m expframe.reproduce` from the runs it made; do not edit by hand: rerun it. "
@@ -340,9 +368,12 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
     lines += list(set_lines) + ["", "## Summary", "", f"Quiet: {quiet_rule()}.", "",
                                 "| result | number | threshold (slow test) | passed | date | load at start / end "
                                 "(quiet) | wall time |", "|---|---|---|---|---|---|---|"]
-    sittings = {r.name: running.read_sittings(work, r.name) for r in results}
-    lines += [_summary_row(r, records.get(r.name), commands[r.name], sittings[r.name]) for r in results]
+    lines += [earlier[r.name][0] if r.name in earlier else
+              _summary_row(r, records.get(r.name), commands[r.name], sittings[r.name]) for r in results]
     for result in results:
+        if result.name in earlier:
+            lines += earlier[result.name][1]
+            continue
         rec = records.get(result.name)
         lines += ["", f'<a id="{result.name}"></a>', "", f"## {result.title}", ""]
         if result.readme:
@@ -365,6 +396,5 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
             lines += _study(result, rec, images, out_dir)
         else:
             lines += _benchmark(result, rec)
-    path = os.path.join(out_dir, PAGE)
     write_text(path, "\n".join(lines).rstrip() + "\n", make_dirs=True)
     return path

@@ -334,7 +334,7 @@ def _plan_vs_measured(data: dict) -> list[tuple[str, float, str]]:
 BENCHMARKS = (
     Benchmark("plan_vs_measured", "The planner (python -m expframe.plan) against the real trainer: quickstart and "
               "ResNet-20 at 1-8 CPU replicas and 2-4 loopback workers", "benchmarks/plan_vs_measured.py", (),
-              ("--quick",), _plan_vs_measured, minutes=30, readme="docs/planning.md#checked-on-this-machine"),
+              ("--quick",), _plan_vs_measured, minutes=20, readme="docs/planning.md#checked-on-this-machine"),
     Benchmark("collectives", "All-reduce on CPU replicas against one copy of the same bytes",
               "benchmarks/collectives.py", (), ("--quick", "--allocator=bfc", "--repeats=1", "--variants=replicator"),
               _collectives, minutes=6, readme="docs/programming_model.md#the-programming-model"),
