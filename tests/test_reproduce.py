@@ -408,3 +408,27 @@ def test_quick_set_runs_every_result_writes_a_valid_page_and_a_rerun_skips_them(
     assert said.count(", skipped (delete ") == len(results), said
     assert attempts == {r.name: os.listdir(os.path.join(work, r.name)) for r in results}
     check_page(path, every)
+
+
+def test_a_benchmarks_finished_json_is_reused_only_by_the_same_script_and_command(tmp_path, monkeypatch):
+    """A finished JSON left in the work directory (its record deleted to run it again, or a
+    set stopped before the record) was reused whatever made it: a rerun after the script
+    or the code it imports changed recorded the old numbers under the new commit."""
+    script = tmp_path / "bench.py"
+    count = tmp_path / "count"
+    script.write_text("import json, os, sys\n"
+                      f"c = {str(count)!r}\n"
+                      "n = int(open(c).read()) + 1 if os.path.exists(c) else 1\n"
+                      "open(c, 'w').write(str(n))\n"
+                      "json.dump({'runs': n}, open(sys.argv[-1].split('=', 1)[1], 'w'))\n")
+    monkeypatch.setattr(running, "REPO", str(tmp_path))
+    monkeypatch.setattr(running.provenance, "commit", lambda root: ("c1", False))
+    bench = registry.Benchmark("b", "b", "bench.py", (), (), lambda data: [])
+    root = str(tmp_path / "work" / "b")
+    assert running.run_benchmark(bench, root, False)[0] == {"runs": 1}
+    assert running.run_benchmark(bench, root, False)[0] == {"runs": 1}          # the same: reused
+    script.write_text(script.read_text() + "# edited\n")
+    assert running.run_benchmark(bench, root, False)[0] == {"runs": 2}          # the script changed
+    monkeypatch.setattr(running.provenance, "commit", lambda root: ("c2", False))
+    assert running.run_benchmark(bench, root, False)[0] == {"runs": 3}          # the code it imports changed
+    assert running.run_benchmark(bench, root, False)[0] == {"runs": 3}

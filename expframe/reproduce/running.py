@@ -14,6 +14,7 @@ rerunning the same `python -m expframe.reproduce` command continues where it sto
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -233,6 +234,12 @@ def run_benchmark(result: registry.Benchmark, root: str, quick: bool) -> tuple[d
     out = os.path.join(root, f"{result.name}.json")
     running_out = os.path.join(root, f"{result.name}.running.json")
     argv = [sys.executable, os.path.join(REPO, result.script), *result.argv(quick), f"--out={running_out}"]
+    made_by = os.path.join(root, f"{result.name}.made_by")
+    by = _made_by(result, argv)
+    if os.path.isfile(out) and _read(made_by) != by:
+        # A finished JSON of another script or command (edited since, or other arguments):
+        # its numbers are not this benchmark's; run it again.
+        os.remove(out)
     if not os.path.isfile(out):
         os.makedirs(root, exist_ok=True)
         log = os.path.join(root, f"{result.name}.log")
@@ -249,9 +256,27 @@ def run_benchmark(result: registry.Benchmark, root: str, quick: bool) -> tuple[d
                                  on_line=on_line).returncode
         if code != 0:
             raise RuntimeError(f"{shown(argv)} exited {code}; its output is in {log}")
+        with open(made_by, "w", encoding="utf-8") as f:
+            f.write(by)
         os.replace(running_out, out)
     with open(out, encoding="utf-8") as f:
         return json.load(f), shown(argv)
+
+
+def _made_by(result: registry.Benchmark, argv: list) -> str:
+    """What a benchmark's finished JSON was made by: its command, the commit (the code the
+    script imports) and the script's own text (it may be edited before it is committed)."""
+    with open(os.path.join(REPO, result.script), "rb") as f:
+        script = hashlib.sha256(f.read()).hexdigest()
+    return f"{shown(argv)}\ncommit {provenance.commit(REPO)[0]}\nscript sha256 {script}\n"
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 # -- one result -------------------------------------------------------------------------------------
