@@ -20,9 +20,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+from expframe import processes
 
 CHANNELS = 64
 
@@ -68,7 +69,7 @@ def _probe(target: str, replicas, chain: int, repeats: int) -> dict:
             "sync_layer_s": max(0.0, seconds["sync"] - seconds["plain"]), "plain_layer_s": seconds["plain"]}
 
 
-def measure(kind: str, n: int, chain: int = 32, repeats: int = 5, timeout: float = 300.0) -> float:
+def measure(kind: str, n: int, chain: int = 8, repeats: int = 5, timeout: float = 600.0) -> float:
     """Seconds one SyncBatchNorm layer's collectives add to a step on `n` logical CPU
     replicas (kind 'cpu') or `n` worker processes on 127.0.0.1 (kind 'workers'), measured
     in processes of their own."""
@@ -81,10 +82,12 @@ def measure(kind: str, n: int, chain: int = 32, repeats: int = 5, timeout: float
         command = [sys.executable, "-m", "expframe.launch", f"--workers={n}", "--"] + probe + ["--multi_worker"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    # Through this process's owner: its timeout, Ctrl-C or a SIGKILL of this process ends
+    # the probe's whole group (a launcher and its workers included).
+    done = processes.run(command, f"collective probe ({kind} x {n})", env=env, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if '"sync_layer_s"' in line]
     if done.returncode or not lines:
-        raise RuntimeError(f"collective probe ({kind} x {n}) failed ({done.returncode}): {done.stderr.strip()[-400:]}")
+        raise RuntimeError(f"collective probe ({kind} x {n}) failed ({done.returncode}): {done.stdout.strip()[-400:]}")
     # Under the launcher each worker prints its own line ("[worker i] {...}"): the slowest counts.
     return max(json.loads(line[line.index("{"):])["sync_layer_s"] for line in lines)
 
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=2, help="logical CPU replicas (target 'cpu')")
     parser.add_argument("--multi_worker", action="store_true", help="one replica per worker (TF_CONFIG's cluster)")
-    parser.add_argument("--chain", type=int, default=32)
+    parser.add_argument("--chain", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     if args.multi_worker:
