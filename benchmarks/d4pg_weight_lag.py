@@ -1,14 +1,15 @@
 """Pixel D4PG's weight lag: how many learner steps old the weights were that each inserted
 transition was acted with, acting in the learner's process, with 1 and with 2 actor
-processes, in one run.
+processes (weights fetched every 100 environment steps, the default), and with 1 actor
+fetching every 20 (one host call of learner steps), in one run.
 
-    python benchmarks/d4pg_weight_lag.py            # ~8 minutes on 2 cores: 3 arms x 400 learner steps
+    python benchmarks/d4pg_weight_lag.py            # ~10 minutes on 2 cores: 4 arms x 400 learner steps
     python benchmarks/d4pg_weight_lag.py --quick    # 16x16 frames, tiny networks, 40 learner steps
 
 Each arm is `main.py` on experiments/d4pg_control_pixels.gin as shipped (64x64 frames,
 batch 64, `weights_every` 100 environment steps, `steps_per_loop` 10) with
-`D4PGTask.num_actors` 0, 1 or 2, to `--steps` learner steps; its last train record's
-`weight_lag_*` metrics count every transition inserted since the start by its lag
+`D4PGTask.num_actors` 0, 1 or 2 (and `weights_every` 20 in the fourth arm), to `--steps`
+learner steps; its last train record's `weight_lag_*` metrics count every transition inserted since the start by its lag
 (`expframe.rl.actor_pool.lag_histogram`). Prints one row per arm: the share of
 transitions at each lag, the mean and the largest lag; JSON in
 benchmarks/results/d4pg_weight_lag[_quick].json (or --out).
@@ -28,11 +29,12 @@ PIXELS = "experiments/d4pg_control_pixels.gin"
 QUICK = ("control_suite.size = 16", "control_suite.frame_stack = 2", "drq_encoder.num_filters = 4",
          "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "d4pg_policy.layer_sizes = (16,)",
          "d4pg_critic.layer_sizes = (16,)", "D4PGTask.min_replay_size = 100", "D4PGTask.max_replay_size = 2000")
-ARMS = (("in the learner's process", 0), ("1 actor process", 1), ("2 actor processes", 2))
+ARMS = (("in the learner's process", 0, ()), ("1 actor process", 1, ()), ("2 actor processes", 2, ()),
+        ("1 actor, weights_every 20", 1, ("D4PGTask.weights_every = 20",)))
 
 
 def run_arm(actors: int, steps: int, extra, tmp: str, timeout: float) -> dict:
-    model_dir = os.path.join(tmp, f"actors_{actors}")
+    model_dir = tempfile.mkdtemp(prefix=f"actors_{actors}_", dir=tmp)
     params = list(extra) + [f"D4PGTask.num_actors = {actors}", f"Trainer.train_steps = {steps}",
                             f"Trainer.log_every_steps = {steps}", "Trainer.eval_every_steps = None",
                             f"Trainer.checkpoint_every_steps = {steps}", "D4PGTask.eval_episodes = 1"]
@@ -61,8 +63,8 @@ def main(argv=None) -> int:
     extra = QUICK if args.quick else ()
     rows = []
     with tempfile.TemporaryDirectory(prefix="d4pg_weight_lag_") as tmp:
-        for name, actors in ARMS:
-            row = run_arm(actors, steps, extra, tmp, args.timeout)
+        for name, actors, bindings in ARMS:
+            row = run_arm(actors, steps, tuple(extra) + bindings, tmp, args.timeout)
             row["arm"] = name
             rows.append(row)
             total = max(row["transitions"], 1)

@@ -130,3 +130,40 @@ class D4PGPixelsTest(TestCase):
                 np.testing.assert_array_equal(x, y, err_msg=name)
         for key, value in task.replay.state().items():
             np.testing.assert_array_equal(value, saved_replay[key], err_msg=key)
+
+    def test_an_actor_process_acts_with_the_learners_encoder_and_policy(self):
+        """Issue 33, end to end: an actor process (its own TensorFlow, encoder, policy and render
+        worker, configured from the learner's gin config) acts as the learner's networks do.
+        With exploration off (sigma 0) and the weights fixed (rates 0, so every weight version
+        is the same), each action in the frame replay is the learner's
+        policy(encoder(stack)) of the observation it was taken in."""
+        from expframe import config  # pylint: disable=import-outside-toplevel
+        config.parse(["experiments/d4pg_control_pixels.gin"], [
+            "control_suite.size = 16", "control_suite.frame_stack = 2", "control_suite.action_repeat = 25",
+            "drq_encoder.num_filters = 4", "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8",
+            "d4pg_policy.layer_sizes = (16,)", "d4pg_critic.layer_sizes = (16,)", "D4PGTask.min_replay_size = 60",
+            "D4PGTask.max_replay_size = 500", "D4PGTask.num_actors = 1", "D4PGTask.actor_sigmas = (0.0,)",
+            "D4PGTask.weights_every = 10", "actor/keras.optimizers.Adam.learning_rate = 0.0",
+            "critic/keras.optimizers.Adam.learning_rate = 0.0"])
+        rep = xf.Replicator("cpu", 1)
+        task = D4PGTask()
+        try:
+            task.setup(rep, BATCH, seed=3, deterministic=False)
+            with rep.scope():
+                task.build()
+            iterator = iter(rep.distribute(task.train_input_fn, BATCH))
+            for step in (0, 1):
+                task.before_train_steps(step, 1)
+                rep.run_steps(task.train_step, iterator, 1)
+                task.after_train_steps(step + 1)
+            replay = task.replay
+            rows = np.flatnonzero(replay._valid)  # pylint: disable=protected-access
+            self.assertGreaterEqual(len(rows), 60)
+            stacks = replay.stacks(replay._ids[rows])  # pylint: disable=protected-access
+            expected = task.policy(task.observation_network(stacks)).numpy()
+            np.testing.assert_allclose(replay._action[rows], expected, atol=1e-5)  # pylint: disable=protected-access
+            self.assertGreater(float(np.abs(expected).max()), 1e-3)   # not a trivial all-zero policy
+            self.assertEqual(task.actor_pool.alive, 1)
+        finally:
+            task.close()
+            gin.clear_config()
