@@ -95,6 +95,17 @@ FAMILIES = {f.name: f for f in (
            _TINY + ("d4pg_policy.layer_sizes = (16, 16)", "d4pg_critic.layer_sizes = (16, 16)",
                     "d4pg_critic.num_atoms = 11", "D4PGTask.min_replay_size = 16", "D4PGTask.samples_per_insert = 4.0",
                     "D4PGTask.max_replay_size = 1000"), ("policy", "critic")),
+    Family("d4pg_pixels", "experiments/d4pg_control_pixels.gin",
+           _TINY + ("control_suite.size = 16", "control_suite.frame_stack = 2", "drq_encoder.num_filters = 4",
+                    "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "d4pg_policy.layer_sizes = (16,)",
+                    "d4pg_critic.layer_sizes = (16,)", "d4pg_critic.num_atoms = 11", "D4PGTask.min_replay_size = 16",
+                    "D4PGTask.samples_per_insert = 4.0", "D4PGTask.max_replay_size = 1000",
+                    "D4PGTask.eval_episodes = 1"),
+           ("policy", "critic", "observation_network"),
+           note="d4pg_pixels is experiments/d4pg_control_pixels.gin at 16x16 frames, 2 stacked, with a 2-layer "
+           "encoder of 4 filters: the rendered frames, the frame replay with its random shifts and the shared "
+           "encoder (trained by the critic's optimizer) take the same first updates on every CPU target and "
+           "precision."),
     Family("vit_mesh", "experiments/vit_shapes_mesh.gin",
            _TINY + _SHAPES + ("ViT.width = 8", "ViT.num_heads = 2", "ViT.mlp_dim = 8", "ViT.depth = 1",
                               "ViT.stem_widths = (4, 4, 8)"), ("model",), reference_target="mesh 1x1"),
@@ -180,7 +191,7 @@ def combinations(slow: bool = True) -> List[Combination]:
     Every family at every precision on 1 and 2 replicas is in the default tests.
     """
     out = []
-    for family in ("classification", "sngan", "d4pg"):
+    for family in ("classification", "sngan", "d4pg", "d4pg_pixels"):
         for target in ("cpu x1", "cpu x2"):
             out += [Combination(family, target, p) for p in PRECISIONS]
     out += [Combination("classification", "multi_worker x2", p, slow=p != "float32") for p in PRECISIONS]
@@ -209,8 +220,8 @@ def reference(family: str) -> Combination:
 
 
 # In-process groups (one process each, run side by side with the cluster launches);
-# the SN-GAN costs about as much as the three others together.
-GROUPS = ({"sngan"}, {"classification", "d4pg", "vit_mesh"})
+# the SN-GAN (with the pixel D4PG beside it) costs about as much as the three others together.
+GROUPS = ({"sngan", "d4pg_pixels"}, {"classification", "d4pg", "vit_mesh"})
 
 
 def _in_group(combo: Combination, group: int) -> bool:

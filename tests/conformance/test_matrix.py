@@ -34,12 +34,12 @@ def test_every_combination_matches_float32_or_is_refused(results):
     # Every shipped family is covered, with a cluster target and both 1 and 2 replicas.
     ran = {(c.family, c.target) for c in matrix.combinations(slow=False) if results[c.key]["result"] == "ran"}
     assert {f for f, _ in ran} == set(matrix.FAMILIES)
-    for family in ("classification", "sngan", "d4pg"):
+    for family in ("classification", "sngan", "d4pg", "d4pg_pixels"):
         for target in ("cpu x1", "cpu x2"):
             for precision in matrix.PRECISIONS:
                 assert results[f"{family} | {target} | {precision}"]["result"] == "ran"
     assert {("classification", "multi_worker x2"), ("classification", "parameter_server x1"),
-            ("d4pg", "cpu x2"), ("sngan", "cpu x2"), ("vit_mesh", "mesh 2x2")} <= ran
+            ("d4pg", "cpu x2"), ("d4pg_pixels", "cpu x2"), ("sngan", "cpu x2"), ("vit_mesh", "mesh 2x2")} <= ran
 
 
 def test_runs_start_from_the_same_initialisation_and_train(results):
@@ -90,12 +90,13 @@ def test_reference_rows_read_reference_not_matches_against_themselves():
             for key, _, result in matrix.table_rows(line)}
     references = {matrix.reference(f).key for f in matrix.FAMILIES}
     assert references == {"classification | cpu x1 | float32", "sngan | cpu x1 | float32",
-                          "d4pg | cpu x1 | float32", "vit_mesh | mesh 1x1 | float32"}
+                          "d4pg | cpu x1 | float32", "d4pg_pixels | cpu x1 | float32",
+                          "vit_mesh | mesh 1x1 | float32"}
     for key in references:
         assert rows[key][0] == "reference" and rows[key][1].endswith("| reference | | | |"), rows[key]
     assert rows["classification | cpu x2 | float32"] == (
         "matches", "| classification | cpu x2 | float32 | default | matches | 0.00e+00 | 1.000000 | 1.0000 |")
-    assert sum(result == "reference" for result, _ in rows.values()) == 4
+    assert sum(result == "reference" for result, _ in rows.values()) == 5
 
 
 def test_a_refusal_through_main_py_must_be_its_only_line_from_main_py():
