@@ -15,6 +15,7 @@ import re
 import time
 from typing import Dict, List, Optional
 
+from expframe import provenance
 from expframe.errors import ConfigError
 
 _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hardware.json")
@@ -175,7 +176,7 @@ def measured_cpu(achieved_flops: float, utilisation: float = 1.0, copy_bandwidth
         intra_host=Link("host memory (logical replicas)", bandwidth, latency_s),
         inter_host=Link("gRPC over loopback (workers)", loopback_bandwidth, latency_s * 10),
         utilisation=utilisation, overlap=False, shared_compute=True, per_op_s=per_op_s,
-        cores=len(os.sched_getaffinity(0)),
+        cores=provenance.cores(),
         sources={"peak_flops": measured, "memory": "os.sysconf (physical pages)",
                  "interconnect": "a 64 MiB numpy copy, timed here; loopback an assumption",
                  "utilisation": "1.0 of the probe's rate unless --utilisation (calibrate with a 1-replica run)",

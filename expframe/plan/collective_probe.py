@@ -13,7 +13,7 @@ JSON line: {"target", "replicas", "sync_layer_s", "plain_layer_s"}.
 
 `measure(kind, n)` runs it in a process of its own (logical devices are set before
 TensorFlow starts; workers need a cluster); the planner's hardware 'cpu' uses it for the
-configurations it is asked about (`planner.hardware(..., sync_probe=...)`).
+configurations it is asked about (`planner.with_sync_probe`).
 """
 
 import argparse
