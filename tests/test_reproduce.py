@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 from PIL import Image
@@ -187,6 +188,50 @@ def test_page_states_each_result_with_its_provenance_and_the_pending_ones(tmp_pa
     # Quick records are not mixed into a full page, nor full ones into a quick page.
     quick_path = page.write(work, str(tmp_path / "quick"), True, registry.ALL, commands, [])
     assert "Pending: not run yet." in _sections(open(quick_path, encoding="utf-8").read())["quickstart"]
+
+
+def test_pixel_results_show_the_published_numbers_and_curves_against_control_steps(tmp_path):
+    """The 100k-control-step result sits above DrQ's and CURL's numbers (mean and range over
+    its seeds); the actor study draws each run's eval return against control steps, from
+    the run's own env_steps x 8, and still shows a run that stopped part way."""
+    work, out = str(tmp_path / "work"), str(tmp_path / "docs")
+    check = [{"text": "episode_return >= random_policy_return + 200 = 320", "holds": True}]
+    budget = dict(_provenance("d4pg_control_pixels_100k", False), kind="experiment", passed=True,
+                  commands=["python main.py --gin_file=experiments/d4pg_control_pixels_100k.gin"],
+                  runs=[{"run": f"seed={s}", "status": "ok", "step": 11500, "final": {"episode_return": r},
+                         "model_dir": None, "thresholds": check} for s, r in ((0, 330.0), (1, 410.0))])
+    runs = []
+    for actors, replicas, seed, stop in ((0, 1, 0, 3), (1, 2, 1, 2)):  # the second stopped after 2 evals
+        model_dir = tmp_path / f"num_actors={actors},seed={seed}"
+        model_dir.mkdir()
+        lines = [{"step": s, "split": "train", "env_steps": 1000 + 2 * s} for s in (0, 100, 200, 300)]
+        lines += [{"step": s, "split": "eval", "episode_return": s + seed} for s in (100, 200, 300)[:stop]]
+        (model_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        runs.append({"run": model_dir.name, "status": "ok" if stop == 3 else "stopped", "step": 100 * stop,
+                     "values": {"num_actors": str(actors), "num_replicas": str(replicas), "seed": str(seed)},
+                     "final": {"episode_return": 100.0 * stop + seed} if stop == 3 else {},
+                     "model_dir": str(model_dir)})
+    study = dict(_provenance("d4pg_pixels_actors", False), kind="study", commands=["python main.py ..."], runs=runs)
+    os.makedirs(os.path.join(work, running.RECORDS))
+    for rec in (budget, study):
+        with open(running.record_path(work, rec["name"]), "w", encoding="utf-8") as f:
+            json.dump(rec, f)
+    results = [registry.get("d4pg_control_pixels_100k"), registry.get("d4pg_pixels_actors")]
+    path = page.write(work, out, False, results, {r.name: "x" for r in results}, [])
+    _, sections, recorded = check_page(path, results)
+    assert recorded == ["d4pg_control_pixels_100k", "d4pg_pixels_actors"]
+    body = sections["d4pg_control_pixels_100k"]
+    assert "| this run (expframe D4PG) | 370 (range 330 to 410, 2 seeds) | above |" in body
+    assert "| DrQ [K=2,M=2] | 759 ± 92 | Kostrikov et al., arXiv 2004.13649 (ICLR 2021), Table 1 |" in body
+    assert "| CURL | 582 ± 146 |" in body
+    assert "against control steps (agent steps x action repeat 8), one line per run" in sections["d4pg_pixels_actors"]
+    _assert_png(os.path.join(out, "results", "d4pg_pixels_actors_curves.png"))
+    # The points drawn: eval steps 100, 200, 300 at env steps 1200, 1400, 1600, x 8.
+    drawn = []
+    with mock.patch("matplotlib.axes.Axes.plot", side_effect=lambda x, y, *a, **k: drawn.append((list(x), y))):
+        page._study_curves(registry.get("d4pg_pixels_actors"), study, str(tmp_path / "c.png"))  # pylint: disable=protected-access
+    assert drawn == [([9600.0, 11200.0, 12800.0], [100.0, 200.0, 300.0]), ([9600.0, 11200.0], [101.0, 201.0])]
+    assert page._study_curves(registry.get("d4pg_pixels_actors"), dict(study, runs=[]), "x.png") is None  # pylint: disable=protected-access
 
 
 def test_results_of_earlier_sittings_without_records_here_keep_their_rows_and_sections(tmp_path):

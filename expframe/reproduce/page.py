@@ -18,6 +18,7 @@ import shutil
 import statistics
 from typing import Optional, Sequence
 
+import numpy as np
 from matplotlib.figure import Figure  # Agg; no pyplot, no display
 
 from expframe import plot
@@ -145,6 +146,7 @@ def _experiment(result: registry.Experiment, rec: dict, images: str, out_dir: st
             lines += ["", f"Speed of {run['run']} (last logged train interval unless said): "
                       + ", ".join(f"{k} {_number(v)}" for k, v in sorted(speed.items()))
                       + f"; main.py wall time {_number(run.get('wall_time_s') or 0)} s"]
+    lines += _published(result, rec)
     initial = [r["initial"] for r in rec["runs"] if r.get("initial")]
     if initial:
         lines += ["", "At initialisation (untrained model, same evaluation): "
@@ -160,6 +162,19 @@ def _experiment(result: registry.Experiment, rec: dict, images: str, out_dir: st
         lines += ["", f"The last sample grid of {rec['runs'][0]['run']} (`{grid}`; one row per class, the same noise "
                   "down each column):", "", f"![{result.name} samples]({images}/{result.name}_samples.png)"]
     return lines
+
+
+def _published(result: registry.Experiment, rec: dict) -> list[str]:
+    """This result's first metric (mean and range over seeds) above the published ones."""
+    if not result.published:
+        return []
+    metric = result.metrics[0]
+    values = [r["final"][metric] for r in rec["runs"] if isinstance(r["final"].get(metric), (int, float))]
+    ours = (f"{_number(statistics.mean(values))} (range {_number(min(values))} to {_number(max(values))}, "
+            f"{len(values)} seed{'s' if len(values) != 1 else ''})" if values else "no result")
+    return ["", f"Beside published results on the same task and budget ({metric}):", "",
+            f"| agent | {metric} | source |", "|---|---|---|", f"| this run (expframe D4PG) | {ours} | above |"] + [
+        f"| {who} | {_number(mean)} {spread} | {source} |" for who, mean, spread, source in result.published]
 
 
 def _last_samples(rec: dict, path: str) -> Optional[str]:
@@ -222,6 +237,45 @@ def _study_plot(result: registry.StudyResult, arms: dict, path: str) -> str:
     return path
 
 
+def _study_curves(result: registry.StudyResult, rec: dict, path: str) -> Optional[str]:
+    """Each run's eval metrics against `result.curves` (train metric x scale, interpolated at
+    the eval steps), colour by arm, line style by seed; None when no run has logged both."""
+    x_metric, scale, label = result.curves
+    fig = Figure(figsize=(6.4 * len(result.metrics), 4.0), layout="constrained")
+    axes = fig.subplots(1, len(result.metrics), squeeze=False)[0]
+    drawn = False
+    for run in rec["runs"]:
+        model_dir = run.get("model_dir")
+        if not model_dir or not os.path.isfile(os.path.join(model_dir, plot.METRICS_FILE)):
+            continue
+        records = plot.read_metrics(model_dir)
+        known = sorted((r["step"], float(r[x_metric])) for r in records
+                       if r["split"] == "train" and isinstance(r.get(x_metric), (int, float)))
+        if not known:
+            continue
+        arm = next((i for i, (_, member) in enumerate(result.arms) if member(run["values"])), len(result.arms))
+        name = ", ".join(f"{k} {v}" for k, v in run["values"].items())
+        style = ("-", "--", ":", "-.")[int(run["values"].get("seed", 0)) % 4]
+        for ax, metric in zip(axes, result.metrics, strict=True):
+            points = sorted((r["step"], float(r[metric])) for r in records
+                            if r["split"] == "eval" and isinstance(r.get(metric), (int, float)))
+            if points:
+                xs = np.interp([p[0] for p in points], [k[0] for k in known], [k[1] for k in known]) * scale
+                ax.plot(xs, [p[1] for p in points], style, marker="o", markersize=3, color=f"C{arm}", label=name)
+                drawn = True
+    if not drawn:
+        return None
+    for ax, metric in zip(axes, result.metrics, strict=True):
+        ax.set_xlabel(label)
+        ax.set_ylabel(f"eval {metric}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    fig.suptitle(f"{result.name}: colour = arm, line style = seed", fontsize="medium")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+    return path
+
+
 def _trend(result: registry.StudyResult, arms: dict) -> list[str]:
     """One line per arm and metric: smallest against largest x, beside the seeds' spread."""
     lines = []
@@ -268,9 +322,14 @@ def _study(result: registry.StudyResult, rec: dict, images: str, out_dir: str) -
                 _number(statistics.mean(r["final"][m] for r in runs)) for m in result.metrics) + " |")
     trend = _trend(result, arms)
     if trend:
-        lines += ["", "Smallest against largest batch:", ""] + trend
+        lines += ["", f"Smallest against largest {result.x}:", ""] + trend
     _study_plot(result, arms, os.path.join(out_dir, IMAGES, f"{result.name}.png"))
-    lines += ["", f"![{result.name}]({images}/{result.name}.png)", "", "Commands (one `main.py` run each; "
+    lines += ["", f"![{result.name}]({images}/{result.name}.png)"]
+    if result.curves and _study_curves(result, rec, os.path.join(out_dir, IMAGES, f"{result.name}_curves.png")):
+        lines += ["", f"Eval {', '.join(result.metrics)} against {result.curves[2]}, one line per run (the "
+                  "unfinished ones too, as far as they got):", "",
+                  f"![{result.name} curves]({images}/{result.name}_curves.png)"]
+    lines += ["", "Commands (one `main.py` run each; "
               f"together `python -m expframe.sweep --study={result.study_file}`):", ""]
     lines += [f"    {c}" for c in shown_commands(rec)] + [""] + _provenance_lines(rec)
     return lines

@@ -88,6 +88,8 @@ class Experiment:
         set, measured on the slowest 2-core machine seen (AMD EPYC without AVX-512,
         2026-12-01, docs/results.md); the machine of 2026-11-30 ran SN-GAN shapes in a fifth.
       readme: where the docs discuss it: a README section that quotes its number, or a guide.
+      published: published results on the same task and budget that the page shows beside
+        this one's: (who, mean, spread, source) with spread as printed, e.g. "± 92".
     """
 
     name: str
@@ -102,6 +104,7 @@ class Experiment:
     test: str = ""
     minutes: float = 5.0
     readme: str = ""
+    published: tuple[tuple[str, float, str, str], ...] = ()
 
     kind = "experiment"
 
@@ -127,6 +130,10 @@ class StudyResult:
       quick_params, quick_sweeps, quick_zips: flags that shrink it for --set=quick
         (`--gin_param`, `--sweep`, `--zip` of `python -m expframe.sweep`).
       parallel: runs at once (`--parallel`).
+      curves: (train metric, scale, label): also draw each run's eval metrics against
+        that train metric x scale, interpolated at the eval steps, one line per run
+        (e.g. ("env_steps", 8.0, "control steps") for a D4PG task at action repeat 8);
+        () draws none.
     """
 
     name: str
@@ -142,6 +149,7 @@ class StudyResult:
     test: str = ""
     minutes: float = 60.0
     readme: str = ""
+    curves: tuple = ()
 
     kind = "study"
 
@@ -238,6 +246,20 @@ D4PG_PIXELS = Experiment(
         "D4PGTask.max_replay_size = 2000", "control_suite.action_repeat = 25"),
     test="tests/test_d4pg_pixels_experiments.py", minutes=80, readme="docs/d4pg.md#d4pg-from-pixels")
 
+# Published pixel agents on cartpole/swingup at 100,000 control steps (mean ± std, 10 seeds).
+_DRQ = "Kostrikov et al., arXiv 2004.13649 (ICLR 2021), Table 1"
+_CURL = "Srinivas et al., arXiv 2004.04136 (ICML 2020), Table 1"
+
+D4PG_PIXELS_100K = Experiment(
+    name="d4pg_control_pixels_100k",
+    title="D4PG from pixels on cartpole/swingup at 100,000 control steps (12,500 agent steps, 2 seeds)",
+    gin_files=("experiments/d4pg_control_pixels_100k.gin",), metrics=("episode_return",),
+    thresholds=(Threshold("episode_return", ">=", 200.0, over="random_policy_return"),), baseline=True,
+    seeds=(0, 1), quick_params=D4PG_PIXELS.quick_params,
+    test="tests/test_d4pg_pixels_experiments.py", minutes=110, readme="docs/d4pg.md#at-the-published-budget",
+    published=(("DrQ [K=2,M=2]", 759.0, "± 92", _DRQ), ("CURL", 582.0, "± 146", _CURL),
+               ("pixel SAC", 419.0, "± 40", _CURL), ("SAC from state (not pixels)", 835.0, "± 22", _CURL)))
+
 VIT_MESH = Experiment(
     name="vit_shapes_mesh", title="ViT on a batch 2 x model 2 DTensor mesh of CPU devices, shapes",
     gin_files=("experiments/vit_shapes_mesh.gin",), metrics=("top1", "loss"),
@@ -246,7 +268,7 @@ VIT_MESH = Experiment(
                                  "Trainer.global_batch_size = 8", "Trainer.eval_steps = 1"),
     test="tests/test_vit_mesh_experiments.py", minutes=9, readme="docs/mesh.md#model-parallelism-dtensor-mesh")
 
-LEARNING = (QUICKSTART, SNGAN_SHAPES, D4PG_CONTROL, D4PG_ACTORS, D4PG_PIXELS, VIT_MESH)
+LEARNING = (QUICKSTART, SNGAN_SHAPES, D4PG_CONTROL, D4PG_ACTORS, D4PG_PIXELS, D4PG_PIXELS_100K, VIT_MESH)
 
 
 # -- the benchmarks (ratios measured side by side in one run) -------------------------------------
@@ -399,7 +421,20 @@ QUICKSTART_BATCH = StudyResult(
                 "Trainer.train_steps=[2]"), quick_sweeps=("run_experiment.seed=[0]",),
     parallel=2, minutes=8, readme="docs/studies.md#studies")
 
-STUDIES = (SNGAN_BATCH, QUICKSTART_BATCH)
+D4PG_PIXELS_ACTORS = StudyResult(
+    name="d4pg_pixels_actors",
+    title="Pixel D4PG: acting in the learner's process against 1 actor process on 1 and 2 replicas, 2 seeds",
+    study_file="experiments/studies/d4pg_pixels_actors.gin", x="num_replicas", metrics=("episode_return",),
+    arms=(("in the learner's process", lambda values: int(values["num_actors"]) == 0),
+          ("1 actor process (weights every 20 env steps)", lambda values: int(values["num_actors"]) == 1)),
+    quick_params=D4PG_PIXELS.quick_params, quick_zips=("D4PGTask.num_actors=[0]", "Replicator.num_replicas=[1]"),
+    quick_sweeps=("run_experiment.seed=[0]",),
+    # 6 runs one at a time: 78 min in-process (docs/results.md#d4pg_control_pixels), the actor
+    # arms faster in 500-step runs (d4pg_control_pixels.gin's header).
+    parallel=1, minutes=450, readme="docs/d4pg.md#d4pg-from-pixels",
+    curves=("env_steps", 8.0, "control steps (agent steps x action repeat 8)"))
+
+STUDIES = (SNGAN_BATCH, QUICKSTART_BATCH, D4PG_PIXELS_ACTORS)
 
 # -- the sets ---------------------------------------------------------------------------------------
 

@@ -135,8 +135,9 @@ def settle(limit_s: float, below: float = 1.0) -> list[float]:
 # -- experiments and studies, through the sweep runner --------------------------------------------
 
 def experiment_study(result: registry.Experiment, quick: bool) -> spec.Study:
-    """The experiment as a study of its seeds: one main.py run each."""
-    seeds = spec.Axis(("run_experiment.seed",), tuple((str(s),) for s in result.seeds), f"registry '{result.name}'")
+    """The experiment as a study of its seeds: one main.py run each (--set=quick: the first seed only)."""
+    chosen = result.seeds[:1] if quick else result.seeds
+    seeds = spec.Axis(("run_experiment.seed",), tuple((str(s),) for s in chosen), f"registry '{result.name}'")
     return spec.Study(result.name, list(result.gin_files), list(result.params(quick)), [seeds])
 
 
