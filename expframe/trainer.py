@@ -21,7 +21,7 @@ from expframe.data_position import DataPosition
 from expframe.errors import ConfigError, RunError
 from expframe.evaluator import Evaluator
 from expframe.replicator import ReplicatedOptimizer
-from expframe.tasks.base import Task, check_step_output, contract_error
+from expframe.tasks.base import StopRequested, Task, check_step_output, contract_error
 
 
 def _positive_int(binding: str, value, allow_none: bool = False):
@@ -191,7 +191,12 @@ class Trainer:
             while step < self.train_steps:
                 num = self._next_boundary(step) - step
                 with chrono.measure(num):
-                    self.task.before_train_steps(step, num)
+                    try:
+                        self.task.before_train_steps(step, num)
+                    except StopRequested:
+                        if self._stop_signal is None:
+                            raise  # only a signal this loop saw ends the run here
+                        return self._preempted(out, step)
                     metrics = self.run_train_steps(num)
                     if not self._progressed:
                         self._progressed = True
@@ -214,10 +219,7 @@ class Trainer:
                 # Every worker stops at the same step if any of them was signalled.
                 if self.rep.agree(float(self._stop_signal is not None), "max"):
                     self._stop_signal = self._stop_signal or signal.SIGTERM
-                    self.checkpointer.save()
-                    out.progress(f"received {signal.Signals(self._stop_signal).name} at step {step}: "
-                                 f"checkpoint saved; rerun the same command to resume")
-                    return {"preempted": True, "step": step}
+                    return self._preempted(out, step)
             if evaluate:
                 last_eval = self.evaluator.run(out, step)
         finally:
@@ -226,6 +228,13 @@ class Trainer:
         if not wrote_operative:
             out.write_operative_config(gin.operative_config_str())
         return {"eval": last_eval, "step": step, "wall_time_s": time.time() - started}
+
+    def _preempted(self, out: "run_files.RunFiles", step: int) -> Dict:
+        """After a stop signal: checkpoint the step reached, say so, and end the loop."""
+        self.checkpointer.save()
+        out.progress(f"received {signal.Signals(self._stop_signal).name} at step {step}: "
+                     f"checkpoint saved; rerun the same command to resume")
+        return {"preempted": True, "step": step}
 
     def _log(self, out: "run_files.RunFiles", step: int, metrics: Dict[str, float], steps_per_sec: float) -> None:
         """Train metrics and the progress line; speed and ETA count training time only (Chrono)."""

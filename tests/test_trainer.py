@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 
 import keras
 import numpy as np
@@ -16,7 +17,7 @@ import tensorflow as tf
 
 import expframe as xf
 from expframe.run_files import RunFiles
-from expframe.tasks.base import Task
+from expframe.tasks.base import StopRequested, Task
 from expframe.trainer import Trainer, progress_line
 from tests import main_runner as mr
 
@@ -195,6 +196,49 @@ def test_progress_lines_show_the_task_metrics_under_its_names(tmp_path, capsys):
     records = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
                if r["split"] == "train"]
     assert records[-1]["accuracy"] == 0.25 and records[-1]["env_steps"] == 4000.0
+
+
+class WaitsForActors(CountedSteps):
+    """Before step 2's host call it is signalled (SIGTERM) while it waits, as a learner
+    waiting for starting actor processes is, and gives up the wait (`StopRequested`)."""
+
+    def before_train_steps(self, step, num_steps):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)   # the trainer's handler notes it
+            raise StopRequested("signalled while waiting for the actors")
+
+
+def test_a_stop_signal_while_the_task_waits_checkpoints_the_step_reached_and_exits_0(tmp_path, capsys):
+    trainer = Trainer(train_steps=8, global_batch_size=2, steps_per_loop=2, log_every_steps=2,
+                      checkpoint_every_steps=100)
+    trainer.prepare(xf.Replicator("cpu", 1), WaitsForActors(), seed=0, deterministic=False)
+    out = RunFiles(str(tmp_path / "run"))
+    trainer.restore(out.checkpoint_dir)
+    out.start("", 0)
+    try:
+        result = trainer.train(out, evaluate=False)
+    finally:
+        out.close()
+    assert result == {"preempted": True, "step": 2}
+    assert "received SIGTERM at step 2: checkpoint saved; rerun the same command to resume" in capsys.readouterr().out
+    resumed = Trainer(train_steps=8, global_batch_size=2, steps_per_loop=2, log_every_steps=2,
+                      checkpoint_every_steps=100)
+    resumed.prepare(xf.Replicator("cpu", 1), CountedSteps(), seed=0, deterministic=False)
+    resumed.restore(out.checkpoint_dir)
+    assert int(resumed.step.numpy()) == 2
+    # Without a signal the trainer does not swallow the task's StopRequested.
+    bare = Trainer(train_steps=8, global_batch_size=2, steps_per_loop=2, log_every_steps=2)
+    task = WaitsForActors()
+    task.before_train_steps = lambda step, num: (_ for _ in ()).throw(StopRequested("no signal"))
+    bare.prepare(xf.Replicator("cpu", 1), task, seed=0, deterministic=False)
+    other = RunFiles(str(tmp_path / "bare"))
+    bare.restore(other.checkpoint_dir)
+    other.start("", 0)
+    try:
+        with pytest.raises(StopRequested, match="no signal"):
+            bare.train(other, evaluate=False)
+    finally:
+        other.close()
 
 
 def test_progress_line_numbers():

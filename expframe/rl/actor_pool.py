@@ -220,9 +220,12 @@ class ActorPool:
 
         `timeout_s` counts from when an actor was ready (its first call), not from when the
         actors started: a slow start (8 actors importing TensorFlow on 2 cores) is not a
-        failure; an actor that never becomes ready is (`startup_timeout_s`)."""
+        failure; an actor that never becomes ready is (`startup_timeout_s`). Returns early
+        once the learner has been signalled to stop (`stopping`)."""
         started = time.monotonic()
         while not self.service.wait_for(count, timeout=1.0):
+            if self.stopping:
+                return   # the learner was signalled: it checkpoints instead of waiting on
             self.check()
             ready = [t for t in (self.ready_at(i) for i, p in self.processes.items() if p is not None)
                      if t is not None]

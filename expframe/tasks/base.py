@@ -50,6 +50,11 @@ import tensorflow as tf
 from expframe.errors import ConfigError
 
 
+class StopRequested(Exception):
+    """Raised by `before_train_steps` when a stop signal (SIGINT, SIGTERM) reached the
+    learner while it waited there, e.g. for actor processes still starting: waiting on
+    would delay the checkpoint-and-exit by minutes."""
+
 class Task:
     """Base class; subclasses override what they need (see module docstring)."""
 
@@ -92,7 +97,9 @@ class Task:
         raise NotImplementedError
 
     def before_train_steps(self, step: int, num_steps: int) -> None:
-        """Host side, before the trainer runs train steps step+1 .. step+num_steps."""
+        """Host side, before the trainer runs train steps step+1 .. step+num_steps. May raise
+        `StopRequested` when the run was signalled to stop while it waited here (for actors):
+        the trainer then checkpoints `step` and exits as for the signal."""
 
     def after_train_steps(self, step: int) -> Optional[Dict[str, float]]:
         """Host side, after those steps ran (now at `step`); extra train metrics or None."""

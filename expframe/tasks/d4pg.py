@@ -59,7 +59,7 @@ from expframe.rl.actor_pool import lag_histogram
 from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds, episode_returns, trivial_policy_returns
 from expframe.rl.environments import control_suite
 from expframe.rl.learner_input import PreparedBatches
-from expframe.tasks.base import Task
+from expframe.tasks.base import StopRequested, Task
 from expframe.tasks.d4pg_observations import ObservationNetworks
 
 
@@ -425,6 +425,10 @@ class D4PGTask(ObservationNetworks, Task):
             experience.ingest(self.replay, pool.service)
             if self.replay.inserted >= due:
                 break
+            if pool.stopping:
+                # Signalled while waiting (e.g. for 32 actors still starting on 2 cores):
+                # the trainer checkpoints this step instead of waiting for their transitions.
+                raise StopRequested(f"stop signal at step {step}, waiting for the actors' transitions")
             pool.wait_for(due - self.replay.inserted, self.actor_timeout_s)
         self._learner_wait_s += time.perf_counter() - started
         if self._remote_started is None:

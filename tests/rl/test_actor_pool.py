@@ -3,6 +3,8 @@ first call to the learner), so a slow start is not a failure; an actor that neve
 ready is, with one line naming it. Actors here are stand-in processes (`sleep`) and an
 in-process client speaks for actor 0: no TensorFlow subprocess."""
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -66,3 +68,25 @@ def test_an_actor_that_never_becomes_ready_fails_with_one_line():
                                        r"started \(D4PGTask.actor_startup_timeout_s=2\); its lines above say why"):
         pool.wait_for(4, timeout_s=1.0)
     assert pool.stopping and not processes.group_alive(pid)   # the pool closed: nothing left
+
+
+def test_a_stop_signal_ends_the_wait_for_actors_still_starting():
+    """SIGTERM to a learner waiting for actors that are still starting (32 on 2 cores take
+    minutes): the wait ends within a second or so, for the trainer to checkpoint, instead of
+    lasting until the actors send (or the 600 s start-up deadline)."""
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: seen.append(number))  # the trainer's stand-in
+    try:
+        pool = _pool(startup_timeout_s=600.0)
+        try:
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            started = time.monotonic()
+            pool.wait_for(4, timeout_s=600.0)
+            waited = time.monotonic() - started
+            assert pool.stopping and seen == [signal.SIGTERM]   # the learner's own handler still ran
+            assert waited < 60.0, waited   # it returned on the signal, not on a deadline of 600 s
+            assert pool.service.pending() == 0
+        finally:
+            pool.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
