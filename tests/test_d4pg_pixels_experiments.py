@@ -1,4 +1,5 @@
-"""experiments/d4pg_control_pixels.gin and the paper-scale pixel files: their bindings, a shrunk
+"""experiments/d4pg_control_pixels.gin, d4pg_control_pixels_100k.gin (slow: at the published budget
+of 100,000 control steps) and the paper-scale pixel files: their bindings, a shrunk
 run through main.py with 2 actor processes rendering for a 2-replica learner, (slow) the
 paper-scale files shrunk with all 32 of their actor processes on 8 replicas, no working
 renderer (exit 2, nothing written), and (slow) learning cartpole/swingup from pixels to the
@@ -22,6 +23,7 @@ from expframe.reproduce import registry
 from tests import main_runner as mr
 
 PIXELS = "experiments/d4pg_control_pixels.gin"
+BUDGET = "experiments/d4pg_control_pixels_100k.gin"  # the published 100k-control-step axis
 PAPER = ("experiments/d4pg_walker_walk_pixels.gin", "experiments/d4pg_cheetah_run_pixels.gin")
 # Seconds instead of minutes: 16x16 frames, episodes of 40 steps, a tiny encoder and networks,
 # a few learner steps.
@@ -33,7 +35,7 @@ SMALL = ("control_suite.size = 16", "control_suite.action_repeat = 25", "control
          "D4PGTask.max_replay_size = 2000", "D4PGTask.samples_per_insert = 4.0", "D4PGTask.eval_episodes = 1")
 
 
-@pytest.mark.parametrize("gin_file", (PIXELS,) + PAPER)
+@pytest.mark.parametrize("gin_file", (PIXELS, BUDGET) + PAPER)
 def test_the_experiments_bind_pixels_and_the_shared_encoder(gin_file, monkeypatch):
     monkeypatch.chdir(mr.ROOT)
     config.parse([gin_file], [])
@@ -42,7 +44,17 @@ def test_the_experiments_bind_pixels_and_the_shared_encoder(gin_file, monkeypatc
         assert gin.query_parameter("control_suite.frame_stack") == 3
         assert gin.query_parameter("D4PGTask.observation_network").selector == "drq_encoder"
         # DrQ's 32 filters at the paper's scale; 16 on 2 CPU cores.
-        assert gin.query_parameter("drq_encoder.num_filters") == (32 if gin_file in PAPER else 16)
+        assert gin.query_parameter("drq_encoder.num_filters") == (16 if gin_file == PIXELS else 32)
+        if gin_file == BUDGET:
+            # DrQ's and CURL's axis: 100,000 control steps, one update per agent step, 84x84.
+            agent_steps = (gin.query_parameter("D4PGTask.min_replay_size") + gin.query_parameter("Trainer.train_steps")
+                           * gin.query_parameter("Trainer.global_batch_size")
+                           / gin.query_parameter("D4PGTask.samples_per_insert"))
+            assert agent_steps * gin.query_parameter("control_suite.action_repeat") == 100_000
+            assert agent_steps == gin.query_parameter("D4PGTask.min_replay_size") + gin.query_parameter(
+                "Trainer.train_steps")
+            assert gin.query_parameter("control_suite.size") == 84
+            assert gin.query_parameter("D4PGTask.eval_episodes") == 10   # as DrQ and CURL evaluate
         if gin_file in PAPER:
             assert gin.query_parameter("Replicator.num_replicas") == 8
             assert gin.query_parameter("Trainer.global_batch_size") % 8 == 0
