@@ -159,7 +159,7 @@ def test_d4pg_learns_cartpole_swingup_from_pixels(tmp_path):
 
 @pytest.mark.slow
 def test_d4pg_from_pixels_at_the_published_budget_of_100k_control_steps(tmp_path):
-    """experiments/d4pg_control_pixels_100k.gin as shipped, seed 0 (about 55 minutes on 2 cores;
+    """experiments/d4pg_control_pixels_100k.gin as shipped, seed 0 (about 70 minutes on 2 cores;
     both seeds beside DrQ and CURL: docs/results.md#d4pg_control_pixels_100k): the eval return
     at 12,500 agent steps >= the random policy's + 200, measured here."""
     learning = registry.get("d4pg_control_pixels_100k")

@@ -256,7 +256,7 @@ D4PG_PIXELS_100K = Experiment(
     gin_files=("experiments/d4pg_control_pixels_100k.gin",), metrics=("episode_return",),
     thresholds=(Threshold("episode_return", ">=", 200.0, over="random_policy_return"),), baseline=True,
     seeds=(0, 1), quick_params=D4PG_PIXELS.quick_params,
-    test="tests/test_d4pg_pixels_experiments.py", minutes=110, readme="docs/d4pg.md#at-the-published-budget",
+    test="tests/test_d4pg_pixels_experiments.py", minutes=140, readme="docs/d4pg.md#at-the-published-budget",
     published=(("DrQ [K=2,M=2]", 759.0, "± 92", _DRQ), ("CURL", 582.0, "± 146", _CURL),
                ("pixel SAC", 419.0, "± 40", _CURL), ("SAC from state (not pixels)", 835.0, "± 22", _CURL)))
 
@@ -427,11 +427,12 @@ D4PG_PIXELS_ACTORS = StudyResult(
     study_file="experiments/studies/d4pg_pixels_actors.gin", x="num_replicas", metrics=("episode_return",),
     arms=(("in the learner's process", lambda values: int(values["num_actors"]) == 0),
           ("1 actor process (weights every 20 env steps)", lambda values: int(values["num_actors"]) == 1)),
-    quick_params=D4PG_PIXELS.quick_params, quick_zips=("D4PGTask.num_actors=[0]", "Replicator.num_replicas=[1]"),
+    quick_params=tuple(p for p in D4PG_PIXELS.quick_params if not p.startswith("Replicator.num_replicas")),
+    quick_zips=("D4PGTask.num_actors=[0]", "Replicator.num_replicas=[1]"),
     quick_sweeps=("run_experiment.seed=[0]",),
     # 6 runs one at a time: 78 min in-process (docs/results.md#d4pg_control_pixels), the actor
     # arms faster in 500-step runs (d4pg_control_pixels.gin's header).
-    parallel=1, minutes=450, readme="docs/d4pg.md#d4pg-from-pixels",
+    parallel=1, minutes=450, readme="docs/d4pg.md#actor-processes-against-in-process-acting-study",
     curves=("env_steps", 8.0, "control steps (agent steps x action repeat 8)"))
 
 STUDIES = (SNGAN_BATCH, QUICKSTART_BATCH, D4PG_PIXELS_ACTORS)
