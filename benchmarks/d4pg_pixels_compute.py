@@ -16,15 +16,13 @@ at that rate; JSON in benchmarks/results/d4pg_pixels_compute[_quick].json (or --
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 
-from expframe import processes  # noqa: E402
-from machine import cpu_name, load_average, write_result  # noqa: E402  (benchmarks/machine.py)
+from learner_rate import learner_steps_per_sec  # noqa: E402  (benchmarks/learner_rate.py)
+from machine import ROOT, cpu_name, load_average, write_result  # noqa: E402  (benchmarks/machine.py)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIN_FILE = "experiments/d4pg_control_pixels_100k.gin"
 UPDATES = 11_500  # the file's updates: 100,000 control steps
 BASE = ("drq_encoder.num_filters = 16", "control_suite.size = 64")  # d4pg_control_pixels.gin's
@@ -39,18 +37,10 @@ ARMS = (("batch 64, 16 filters, 64x64", ()),) + tuple(
 
 def rate(bindings, steps: int, tmp: str) -> float:
     """Learner updates/s of the 100k file with `bindings`, first host call excluded."""
-    model_dir = tempfile.mkdtemp(prefix="arm_", dir=tmp)
     params = ["D4PGTask.min_replay_size = 600", f"Trainer.train_steps = {steps}", "Trainer.steps_per_loop = 10",
               f"Trainer.log_every_steps = {steps}", "Trainer.eval_every_steps = None",
               f"Trainer.checkpoint_every_steps = {steps}", *BASE, *bindings]
-    cmd = [sys.executable, os.path.join(ROOT, "main.py"), f"--gin_file={GIN_FILE}", f"--model_dir={model_dir}",
-           "--mode=train"] + [f"--gin_param={p}" for p in params]
-    done = processes.run(cmd, "learner", cwd=ROOT)  # its own session, stopped with this script
-    if done.returncode != 0:
-        raise SystemExit(f"arm {bindings} failed:\n{done.stdout[-3000:]}")
-    with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if '"train"' in line]
-    return float(rows[-1]["learner_steps_per_sec"])
+    return learner_steps_per_sec(GIN_FILE, params, tempfile.mkdtemp(prefix="arm_", dir=tmp))
 
 
 def main(argv=None) -> int:

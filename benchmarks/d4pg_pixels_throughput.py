@@ -19,13 +19,13 @@ Results: a table on stdout and JSON in `benchmarks/results/d4pg_pixels_throughpu
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 
 from expframe import processes  # noqa: E402
+from learner_rate import learner_steps_per_sec  # noqa: E402  (benchmarks/learner_rate.py)
 from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -35,19 +35,11 @@ GIN = "experiments/d4pg_control_pixels.gin"
 
 
 def learner_rate(replicas: int, steps: int, tmp: str) -> float:
-    model_dir = os.path.join(tmp, f"learner_{replicas}")
     params = [f"Replicator.num_replicas = {replicas}", f"Trainer.train_steps = {steps}", "Trainer.steps_per_loop = 10",
               f"Trainer.log_every_steps = {steps}", "Trainer.eval_every_steps = None",
               f"Trainer.checkpoint_every_steps = {10 * steps}", "D4PGTask.min_replay_size = 1000",
               "D4PGTask.max_replay_size = 20_000", "D4PGTask.eval_episodes = 1"]
-    cmd = [sys.executable, os.path.join(ROOT, "main.py"), f"--gin_file={GIN}", f"--model_dir={model_dir}",
-           "--mode=train"] + [f"--gin_param={p}" for p in params]
-    done = processes.run(cmd, "learner", cwd=ROOT)  # its own session, stopped with this script
-    if done.returncode != 0:
-        raise SystemExit(f"learner run failed:\n{done.stdout[-3000:]}")
-    with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if '"train"' in line]
-    return rows[-1]["learner_steps_per_sec"]
+    return learner_steps_per_sec(GIN, params, os.path.join(tmp, f"learner_{replicas}"))
 
 
 def actor_rate(num_actors: int, seconds: float, weights_every: int, tmp: str) -> dict:

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 from expframe import processes  # noqa: E402
+from learner_rate import learner_steps_per_sec  # noqa: E402  (benchmarks/learner_rate.py)
 from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -36,18 +37,10 @@ sys.path.insert(0, ROOT)
 def learner_rate(replicas: int, steps: int, tmp: str, extra_params=()) -> float:
     """Learner updates/s of main.py on experiments/d4pg_control.gin (bindings in
     `extra_params` last, e.g. the target); the first host call (tracing) not counted."""
-    model_dir = os.path.join(tmp, f"learner_{replicas}")
     params = [f"Replicator.num_replicas = {replicas}", f"Trainer.train_steps = {steps}", "Trainer.steps_per_loop = 10",
               f"Trainer.log_every_steps = {steps}", "Trainer.eval_every_steps = None",
               f"Trainer.checkpoint_every_steps = {steps}", "D4PGTask.min_replay_size = 1000", *extra_params]
-    cmd = [sys.executable, os.path.join(ROOT, "main.py"), "--gin_file=experiments/d4pg_control.gin",
-           f"--model_dir={model_dir}", "--mode=train"] + [f"--gin_param={p}" for p in params]  # no final eval
-    done = processes.run(cmd, "learner", cwd=ROOT)  # its own session, stopped with this script
-    if done.returncode != 0:
-        raise SystemExit(f"learner run failed:\n{done.stdout[-3000:]}")
-    with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if '"train"' in line]
-    return rows[-1]["learner_steps_per_sec"]
+    return learner_steps_per_sec("experiments/d4pg_control.gin", params, os.path.join(tmp, f"learner_{replicas}"))
 
 
 def actor_rates(num_actors: int, seconds: float, tmp: str) -> dict:

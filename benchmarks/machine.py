@@ -9,12 +9,13 @@ atomically (a reader never sees half a file), making its folder first.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's expframe
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout
+sys.path.insert(0, ROOT)  # its expframe
 
 from expframe.atomic_files import write_json  # noqa: E402
 from expframe.provenance import cpu_name, load_average, machine  # noqa: E402
 
-__all__ = ["cpu_name", "load_average", "machine", "write_result"]
+__all__ = ["ROOT", "cpu_name", "load_average", "machine", "write_result"]
 
 
 def write_result(path: str, result: dict, indent: int = 2, say: bool = True, default=None) -> None:
