@@ -269,7 +269,8 @@ def _study_curves(result: registry.StudyResult, rec: dict, path: str) -> Optiona
         ax.set_xlabel(label)
         ax.set_ylabel(f"eval {metric}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
+        if ax.lines:
+            ax.legend(fontsize="x-small")
     fig.suptitle(f"{result.name}: colour = arm, line style = seed", fontsize="medium")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, format="png", dpi=100)
