@@ -55,6 +55,7 @@ class StopRequested(Exception):
     learner while it waited there, e.g. for actor processes still starting: waiting on
     would delay the checkpoint-and-exit by minutes."""
 
+
 class Task:
     """Base class; subclasses override what they need (see module docstring)."""
 
