@@ -3,6 +3,7 @@
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -102,3 +103,20 @@ def data_dir(tmp_path_factory):
     from tests import main_runner  # pylint: disable=import-outside-toplevel
     main_runner.build_shapes(path)
     return path
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_as_found():
+    """Each test leaves SIGINT and SIGTERM as it found them. A test that runs an entry point
+    in-process (an actor's or render worker's `main` ignores SIGINT, as it should in its own
+    process) would otherwise leave SIGINT ignored in this pytest worker, and every later
+    test there that signals itself, or starts a child (which inherits "ignore" until its
+    own handler is installed), would see the signal lost."""
+    found = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+    yield
+    for signum, handler in found.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)

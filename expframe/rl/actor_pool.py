@@ -1,8 +1,9 @@
 """The learner's side of distributed acting: an RPC service and K actor processes.
 
-`ActorPool` starts `LearnerService` and `num_actors` processes of
-`python -m expframe.rl.actor_process`, each with its own exploration sigma and its own
-seeds, all reading the learner's gin config (written to a temporary file). An actor's
+`ActorPool` starts `LearnerService` and `num_actors` actors in processes of
+`python -m expframe.rl.actor_process` (one actor each, or `actors_per_process` acting
+together), each actor with its own exploration sigma and its own seeds, all reading
+the learner's gin config (written to a temporary file). An actor's
 seeds come from (run seed, actor id, restart count, resume step)
 (`expframe.rl.actors.actor_seeds`): a restarted actor, and every actor of a learner
 that resumed from a checkpoint at step s > 0, acts with new episodes and noise instead
@@ -77,7 +78,7 @@ class ActorPool:
     Args:
       weights: the policy's initial weights.
       shapes: one transition's field shapes.
-      num_actors: processes to start.
+      num_actors: actors to start.
       sigmas: exploration sigma of each actor.
       seed: the run's seed; actor i's seeds are `actor_seeds(seed, i, restart, resume_step)`.
       weights_every: environment steps between an actor's weight fetches.
@@ -93,31 +94,41 @@ class ActorPool:
       startup_timeout_s: the longest an actor may take from its start to its first call
         to the service (importing TensorFlow, starting its renderer); more is a RunError.
         `wait_for`'s own timeout counts from when the first actor was ready.
+      actors_per_process: actors that share one process (the last process may hold
+        fewer): they import TensorFlow once and act in lockstep
+        (`expframe.rl.actor_process`). A process that exits takes its actors with it;
+        it is restarted as one (one restart of the budget).
+
+    Processes are numbered 0, 1, ... and hold actors `groups[p]` (process p holds actors
+    p*K .. p*K + K - 1 for K actors per process; with 1, process p is actor p).
     """
 
     def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], num_actors: int,
                  sigmas: Sequence[float], seed: int, weights_every: int, capacity: int, max_restarts: int,
                  address: str = "127.0.0.1:0", resume_step: int = 0, acting: str = DEFAULT_ACTING,
-                 weight_names: Optional[Sequence[str]] = None, startup_timeout_s: float = 600.0):
+                 weight_names: Optional[Sequence[str]] = None, startup_timeout_s: float = 600.0,
+                 actors_per_process: int = 1):
         self.service = LearnerService(weights, shapes, capacity, address, names=weight_names, version=resume_step)
         self.sigmas, self.seed, self.weights_every = list(sigmas), int(seed), int(weights_every)
         self.max_restarts, self.restarts = int(max_restarts), 0
         self.resume_step, self.acting = int(resume_step), acting
-        self.restart_counts: Dict[int, int] = {i: 0 for i in range(num_actors)}   # actor id -> its restarts
+        per = max(1, int(actors_per_process))
+        self.groups: List[List[int]] = [list(range(i, min(i + per, num_actors))) for i in range(0, num_actors, per)]
+        self.restart_counts: Dict[int, int] = {g: 0 for g in range(len(self.groups))}   # process -> its restarts
         self._dir = tempfile.TemporaryDirectory(prefix="expframe_actors_")
         self.config_path = os.path.join(self._dir.name, "config.gin")
         with open(self.config_path, "w", encoding="utf-8") as f:
             f.write(gin.config_str())
         self.processes: Dict[int, Optional[processes.Child]] = {}
         self.startup_timeout_s = float(startup_timeout_s)
-        self.started_at: Dict[int, float] = {}    # actor id -> when its current process started (monotonic)
+        self.started_at: Dict[int, float] = {}    # process -> when its current run started (monotonic)
         self.startup_s: Dict[int, float] = {}     # actor id -> seconds its current process took to be ready
         self.stopping = False
         self._closed = False
         self._chained: Dict[int, Tuple[object, object]] = {}   # signal -> (our handler, the one before)
         self._watch_stop_signals()
-        for actor_id in range(num_actors):
-            self._start(actor_id)
+        for group in range(len(self.groups)):
+            self._start(group)
         atexit.register(self.close)
 
     def _watch_stop_signals(self) -> None:
@@ -144,71 +155,87 @@ class ActorPool:
                 signal.signal(signum, previous)
         self._chained = {}
 
-    def command(self, actor_id: int) -> List[str]:
-        """The command line of actor `actor_id`'s next start (as run on this host)."""
-        return [sys.executable, "-m", "expframe.rl.actor_process", f"--address={self.service.address}",
-                f"--actor_id={actor_id}", f"--seed={self.seed}", f"--restart={self.restart_counts[actor_id]}",
-                f"--resume_step={self.resume_step}", f"--sigma={self.sigmas[actor_id]}",
-                f"--weights_every={self.weights_every}", f"--gin_config={self.config_path}",
-                f"--stats_file={os.path.join(self._dir.name, f'actor_{actor_id}.json')}", f"--acting={self.acting}"]
+    def name(self, group: int) -> str:
+        """'actor 3' (a process of one actor) or 'actors 8-15' (process `group`'s actors)."""
+        ids = self.groups[group]
+        return f"actor {ids[0]}" if len(ids) == 1 else f"actors {ids[0]}-{ids[-1]}"
 
-    def _start(self, actor_id: int) -> None:
+    def command(self, group: int) -> List[str]:
+        """The command line of process `group`'s next start (as run on this host)."""
+        ids = self.groups[group]
+        return [sys.executable, "-m", "expframe.rl.actor_process", f"--address={self.service.address}",
+                f"--actor_id={','.join(str(i) for i in ids)}", f"--seed={self.seed}",
+                f"--restart={self.restart_counts[group]}", f"--resume_step={self.resume_step}",
+                f"--sigma={','.join(str(self.sigmas[i]) for i in ids)}",
+                f"--weights_every={self.weights_every}", f"--gin_config={self.config_path}",
+                f"--stats_file={os.path.join(self._dir.name, f'actor_{group}.json')}", f"--acting={self.acting}"]
+
+    def _start(self, group: int) -> None:
         # Its own session; its output stays on the learner's stderr.
-        self.started_at[actor_id] = time.monotonic()
-        self.startup_s.pop(actor_id, None)
-        self.processes[actor_id] = processes.owner().start(self.command(actor_id), name=f"actor {actor_id}",
-                                                           capture=False, forward=False)
+        self.started_at[group] = time.monotonic()
+        for actor_id in self.groups[group]:
+            self.startup_s.pop(actor_id, None)
+        self.processes[group] = processes.owner().start(self.command(group), name=self.name(group),
+                                                        capture=False, forward=False)
 
     def ready_at(self, actor_id: int) -> Optional[float]:
-        """When actor `actor_id`'s current process first called the service (None: not yet)."""
+        """When actor `actor_id` in its current process first called the service (None: not yet)."""
+        group = next(g for g, ids in enumerate(self.groups) if actor_id in ids)
         seen = self.service.first_seen.get(actor_id)
-        return seen if seen is not None and seen >= self.started_at[actor_id] else None
+        return seen if seen is not None and seen >= self.started_at[group] else None
 
     def _check_startup(self) -> None:
         """Logs each actor's start-up time once it is ready; RunError for one that is not
         ready `startup_timeout_s` after it started."""
         now = time.monotonic()
-        for actor_id, process in self.processes.items():
-            if process is None or actor_id in self.startup_s:
+        for group, process in self.processes.items():
+            if process is None:
                 continue
-            ready = self.ready_at(actor_id)
-            if ready is not None:
-                self.startup_s[actor_id] = ready - self.started_at[actor_id]
-                _log(f"actor {actor_id} (pid {process.pid}) ready after {self.startup_s[actor_id]:.1f} s of start-up")
-            elif now - self.started_at[actor_id] > self.startup_timeout_s and process.alive():
-                self.close()
-                raise RunError(f"D4PGTask: actor {actor_id} (pid {process.pid}) did not call the learner "
-                               f"{now - self.started_at[actor_id]:.0f} s after it started "
-                               f"(D4PGTask.actor_startup_timeout_s={self.startup_timeout_s:g}); its lines above "
-                               "say why (TensorFlow or a renderer that does not start); stopping.")
+            for actor_id in self.groups[group]:
+                if actor_id in self.startup_s:
+                    continue
+                ready = self.ready_at(actor_id)
+                if ready is not None:
+                    self.startup_s[actor_id] = ready - self.started_at[group]
+                    _log(f"actor {actor_id} (pid {process.pid}) ready after {self.startup_s[actor_id]:.1f} s "
+                         "of start-up")
+                elif now - self.started_at[group] > self.startup_timeout_s and process.alive():
+                    self.close()
+                    raise RunError(f"D4PGTask: actor {actor_id} (pid {process.pid}) did not call the learner "
+                                   f"{now - self.started_at[group]:.0f} s after it started "
+                                   f"(D4PGTask.actor_startup_timeout_s={self.startup_timeout_s:g}); its lines "
+                                   "above say why (TensorFlow or a renderer that does not start); stopping.")
+
 
     @property
     def alive(self) -> int:
-        return sum(p is not None for p in self.processes.values())
+        """Actors whose process runs (or is being restarted)."""
+        return sum(len(self.groups[g]) for g, p in self.processes.items() if p is not None)
 
     def check(self) -> None:
         """Logs and restarts (within the budget) exited actors; RunError when none is left.
         Once the learner is stopping, an exited actor is not restarted. Logs each actor's
         start-up time when it is ready; RunError for one not ready in `startup_timeout_s`."""
-        for actor_id, process in self.processes.items():
+        for group, process in self.processes.items():
             if process is None or process.poll() is None:
                 continue
-            status = _status(process.returncode)
+            status, name = _status(process.returncode), self.name(group)
             processes.owner().reap(process)
-            self.service.release(actor_id)   # its restart sends under the same id
+            for actor_id in self.groups[group]:
+                self.service.release(actor_id)   # its restart sends under the same id
             if self.stopping:
-                _log(f"actor {actor_id} (pid {process.pid}) {status}; not restarted: the learner is stopping")
-                self.processes[actor_id] = None
+                _log(f"{name} (pid {process.pid}) {status}; not restarted: the learner is stopping")
+                self.processes[group] = None
             elif self.restarts < self.max_restarts:
                 self.restarts += 1
-                self.restart_counts[actor_id] += 1
-                _log(f"actor {actor_id} (pid {process.pid}) {status}; restarting it "
+                self.restart_counts[group] += 1
+                _log(f"{name} (pid {process.pid}) {status}; restarting it "
                      f"(restart {self.restarts} of {self.max_restarts})")
-                self._start(actor_id)
+                self._start(group)
             else:
-                _log(f"actor {actor_id} (pid {process.pid}) {status}; no restarts left, "
-                     f"going on with {self.alive - 1} actor(s)")
-                self.processes[actor_id] = None
+                _log(f"{name} (pid {process.pid}) {status}; no restarts left, "
+                     f"going on with {self.alive - len(self.groups[group])} actor(s)")
+                self.processes[group] = None
         if not self.alive:
             self.close()
             raise RunError(f"D4PGTask: all {len(self.processes)} actor processes have exited "
@@ -227,8 +254,8 @@ class ActorPool:
             if self.stopping:
                 return   # the learner was signalled: it checkpoints instead of waiting on
             self.check()
-            ready = [t for t in (self.ready_at(i) for i, p in self.processes.items() if p is not None)
-                     if t is not None]
+            ready = [t for t in (self.ready_at(i) for g, p in self.processes.items() if p is not None
+                                 for i in self.groups[g]) if t is not None]
             if not ready:
                 continue   # still starting
             since = max(started, min(ready))
@@ -237,14 +264,14 @@ class ActorPool:
                                f"in {timeout_s:.0f} s after they were ready; stopping.")
 
     def stats(self) -> Dict[int, dict]:
-        """Timings the actors wrote at exit (actor id -> dict)."""
+        """Timings the actor processes wrote at exit (process -> dict)."""
         import json  # pylint: disable=import-outside-toplevel
         out = {}
-        for actor_id in self.processes:
-            path = os.path.join(self._dir.name, f"actor_{actor_id}.json")
+        for group in self.processes:
+            path = os.path.join(self._dir.name, f"actor_{group}.json")
             if os.path.exists(path):
                 with open(path, encoding="utf-8") as f:
-                    out[actor_id] = json.load(f)
+                    out[group] = json.load(f)
         return out
 
     def close(self, timeout_s: float = 1.0) -> None:

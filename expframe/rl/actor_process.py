@@ -23,6 +23,15 @@ Ctrl-C is the learner's to handle; the learner closes its service when it has sa
 needs, and the actor exits). SIGTERM ends it at once; its render worker stops at end of file
 on its socket, or by this process's guard.
 
+Several actors in one process (`--actor_id=8,9,10,11 --sigma=0.05,0.1,0.15,0.2`, what
+`D4PGTask.actors_per_process` asks the learner to start): each keeps its own id, seeds,
+environment (with its render worker), noise and replay stream, and sends under its own
+id; they share this process's TensorFlow and one policy, act in lockstep with one
+batched policy call per step, and their render workers render at the same time
+(`expframe.rl.actors.run_together`). One process of 8 actors imports TensorFlow once
+where 8 processes import it 8 times (start-up, memory and steps per second side by side:
+`benchmarks/actors_per_process.py`).
+
 Loop: fetch the latest weights (`weights`), take `weights_every` environment steps
 with them (a `SynchronousActor` writing n-step transitions into a local buffer),
 send the buffer (`insert`, retried while the learner refuses: its replay is full or
@@ -38,7 +47,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from expframe.atomic_files import write_json
 
@@ -67,49 +76,83 @@ def load_acting(spec: str) -> Callable[..., Any]:
 
 
 class ProcessActor:
-    """Runs one actor against a learner's service (see module docstring).
+    """Runs one actor, or several acting together, against a learner's service (see module
+    docstring).
 
     Args:
-      client: an `ActorClient`.
-      actor: a `SynchronousActor` whose adder writes into `buffer`.
-      buffer: the `expframe.rl.experience.TransitionBuffer` behind the actor's adder.
+      client: an `ActorClient`, or one per actor (each sends under its own actor id).
+      actor: a `SynchronousActor` whose adder writes into `buffer`; or a list of them
+        sharing one `PolicyExecutor`, which act in lockstep (`run_together`).
+      buffer: the `expframe.rl.experience.TransitionBuffer` behind the actor's adder (a
+        list: one per actor).
       weights_every: environment steps between weight fetches (and inserts).
     """
 
     def __init__(self, client, actor, buffer, weights_every: int):
-        self.client, self.actor, self.buffer = client, actor, buffer
+        many = isinstance(actor, (list, tuple))
+        self.clients = list(client) if many else [client]
+        self.actors = list(actor) if many else [actor]
+        self.buffers = list(buffer) if many else [buffer]
+        if not len(self.clients) == len(self.actors) == len(self.buffers) >= 1:
+            raise ValueError(f"ProcessActor: {len(self.clients)} clients, {len(self.actors)} actors and "
+                             f"{len(self.buffers)} buffers: give one of each per actor.")
         self.weights_every = int(weights_every)
         self.weight_wait_s = 0.0      # time spent fetching weights
         self.insert_wait_s = 0.0      # time spent sending (and waiting to be let in)
         self.fetches = 0
         self.stale_chunks = 0         # chunks the learner refused as acted with too old weights
 
+    @property
+    def actor(self):
+        return self.actors[0]
+
+    def _fetch(self) -> Tuple[int, List[Any]]:
+        """The latest weights through the first client. On the first call every client
+        fetches once: each actor id is then known to the learner (ready) before it acts."""
+        started = time.perf_counter()
+        for client in [] if self.fetches else self.clients[1:]:
+            if client.weights()[0] < 0:
+                return -1, []
+        version, weights = self.clients[0].weights()
+        self.weight_wait_s += time.perf_counter() - started
+        self.fetches += 1
+        return version, weights
+
     def step(self) -> bool:
-        """One fetch, `weights_every` steps, one insert; False once the learner has closed.
+        """One fetch, `weights_every` steps (of each actor), one insert per actor; False once
+        the learner has closed.
 
         Raises:
           WeightNamesError: (first call) the learner sends other weights than this policy has.
-          DuplicateActorError: another live actor sends under this actor's id.
+          DuplicateActorError: another live actor sends under one of these actors' ids.
         """
-        from expframe.rl.rpc import STALE  # pylint: disable=import-outside-toplevel
         if not self.fetches:
             from expframe.rl.actors import weight_names  # pylint: disable=import-outside-toplevel
-            self.client.check_names(weight_names(self.actor.policy.policy))
-        started = time.perf_counter()
-        version, weights = self.client.weights()
-        self.weight_wait_s += time.perf_counter() - started
-        self.fetches += 1
+            self.clients[0].check_names(weight_names(self.actor.policy.policy))
+        version, weights = self._fetch()
         if version < 0:
             return False
-        self.actor.update(weights)
-        self.actor.run(self.weights_every)
-        returns = self.actor.finished_returns()
-        if not self.buffer.rows:
+        self.actor.update(weights)   # the policy all the actors share
+        if len(self.actors) == 1:
+            self.actor.run(self.weights_every)
+        else:
+            from expframe.rl.actors import run_together  # pylint: disable=import-outside-toplevel
+            run_together(self.actors, self.weights_every)
+        for client, actor, buffer in zip(self.clients, self.actors, self.buffers, strict=True):
+            if not self._send(client, version, actor.finished_returns(), buffer):
+                return False
+        return True
+
+    def _send(self, client, version: int, returns: List[float], buffer) -> bool:
+        """Inserts `buffer`'s transitions, retried while the learner holds them back; False
+        once the learner has closed."""
+        from expframe.rl.rpc import STALE  # pylint: disable=import-outside-toplevel
+        if not buffer.rows:
             return True
-        transitions = self.buffer.drain()
+        transitions = buffer.drain()
         started, delay = time.perf_counter(), 0.001
         while True:
-            accepted = self.client.insert(version, transitions, returns)
+            accepted = client.insert(version, transitions, returns)
             if accepted == STALE:   # the learner moved too far past these weights: dropped
                 self.stale_chunks += 1
                 return True
@@ -123,18 +166,30 @@ class ProcessActor:
         return accepted > 0
 
     def stats(self) -> Dict[str, float]:
-        return {"env_steps": self.actor.env_steps, "acting_s": self.actor.acting_time,
-                "weight_wait_s": self.weight_wait_s, "insert_wait_s": self.insert_wait_s, "fetches": self.fetches}
+        acting = max(actor.acting_time for actor in self.actors)   # together: the same seconds
+        return {"env_steps": sum(actor.env_steps for actor in self.actors), "acting_s": acting,
+                "weight_wait_s": self.weight_wait_s, "insert_wait_s": self.insert_wait_s, "fetches": self.fetches,
+                "actors": len(self.actors)}
+
+
+def _numbers(text: str, kind):
+    """'3' or '3,4,5' -> [3] or [3, 4, 5] (`kind` int or float)."""
+    try:
+        return [kind(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one {kind.__name__} or several separated by commas") from None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--address", required=True, help="the learner's service, host:port")
-    parser.add_argument("--actor_id", type=int, required=True)
+    parser.add_argument("--actor_id", type=lambda t: _numbers(t, int), required=True,
+                        help="this actor's id, or several ('8,9,10,11'): actors that act together in this process")
     parser.add_argument("--seed", type=int, required=True, help="the run's seed")
-    parser.add_argument("--restart", type=int, default=0, help="how many times this actor was restarted")
+    parser.add_argument("--restart", type=int, default=0, help="how many times this process was restarted")
     parser.add_argument("--resume_step", type=int, default=0, help="the learner step the learner started from")
-    parser.add_argument("--sigma", type=float, required=True, help="exploration noise of this actor")
+    parser.add_argument("--sigma", type=lambda t: _numbers(t, float), required=True,
+                        help="exploration noise of each actor (as many as --actor_id)")
     parser.add_argument("--weights_every", type=int, default=100, help="environment steps between weight fetches")
     parser.add_argument("--gin_config", required=True, help="the learner's gin config (environment, networks)")
     parser.add_argument("--stats_file", default=None, help="JSON of timings written at exit")
@@ -143,6 +198,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--registry", default=DEFAULT_REGISTRY,
                         help="module:function() that registers the gin config's configurables")
     args = parser.parse_args(argv)
+    ids, sigmas = args.actor_id, args.sigma
+    if len(sigmas) != len(ids) or len(set(ids)) != len(ids) or min(ids) < 0:
+        parser.error(f"--actor_id={','.join(map(str, ids))} --sigma={','.join(map(str, sigmas))}: give distinct "
+                     "ids >= 0 and one sigma per id")
+    name = f"actor {ids[0]}" if len(ids) == 1 else f"actors {','.join(map(str, ids))}"
     # The terminal's Ctrl-C is the learner's: it checkpoints, then closes its service (we exit).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -159,31 +219,37 @@ def main(argv: Optional[List[str]] = None) -> int:
     load_acting(args.registry)()
     with gin.unlock_config():
         gin.parse_config_file(args.gin_config, skip_unknown=True)
-    env_seed, noise_seed = actor_seeds(args.seed, args.actor_id, args.restart, args.resume_step)
-    parts = acting(env_seed)
-    environment = parts.environment
-    # Transitions (state features) or steps with frames (pixels): expframe/rl/experience.py.
-    buffer, adder = actor_buffer(environment, parts.n_step, parts.discount)
-    executor = PolicyExecutor(parts.policy, observation_spec(environment)[0])
-    actor = SynchronousActor(environment, executor, adder, sigma=args.sigma, seed=noise_seed)
+    environments, actors, buffers, executor = [], [], [], None
     runner, parent, code = None, os.getppid(), 0
     try:
-        runner = ProcessActor(ActorClient(args.address, args.actor_id), actor, buffer, args.weights_every)
+        for actor_id, sigma in zip(ids, sigmas, strict=True):
+            env_seed, noise_seed = actor_seeds(args.seed, actor_id, args.restart, args.resume_step)
+            parts = acting(env_seed)
+            environments.append(parts.environment)
+            # Transitions (state features) or steps with frames (pixels): expframe/rl/experience.py.
+            buffer, adder = actor_buffer(parts.environment, parts.n_step, parts.discount)
+            # One policy for the actors of this process (they act with the same weights).
+            executor = executor or PolicyExecutor(parts.policy, observation_spec(parts.environment)[0])
+            actors.append(SynchronousActor(parts.environment, executor, adder, sigma=sigma, seed=noise_seed))
+            buffers.append(buffer)
+        clients = [ActorClient(args.address, actor_id) for actor_id in ids]
+        runner = ProcessActor(clients, actors, buffers, args.weights_every)
         while runner.step():
             if os.getppid() != parent:
-                print(f"actor {args.actor_id}: the learner process is gone; stopping", file=sys.stderr)
+                print(f"{name}: the learner process is gone; stopping", file=sys.stderr)
                 code = 1
                 break
     except tf.errors.OpError as error:
-        print(f"actor {args.actor_id}: the learner at {args.address} does not answer "
-              f"({type(error).__name__}); stopping", file=sys.stderr)
+        print(f"{name}: the learner at {args.address} does not answer ({type(error).__name__}); stopping",
+              file=sys.stderr)
         code = 1
     except (DuplicateActorError, WeightNamesError) as error:
         print(f"error: {error}", file=sys.stderr)
         code = 2
     finally:
-        if hasattr(environment, "close"):
-            environment.close()   # a pixel environment's render worker
+        for environment in environments:
+            if hasattr(environment, "close"):
+                environment.close()   # a pixel environment's render worker
     if args.stats_file and runner is not None:
         write_json(args.stats_file, runner.stats(), indent=None)
     return code

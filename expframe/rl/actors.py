@@ -108,7 +108,7 @@ class PolicyExecutor:
         shape = (observation_size,) if isinstance(observation_size, int) else tuple(observation_size)
         self._dtype = tf.as_dtype(policy.inputs[0].dtype) if len(shape) > 1 else tf.float32
         self._act = tf.function(lambda o: policy(o, training=False),
-                                input_signature=[tf.TensorSpec((1,) + shape, self._dtype)])
+                                input_signature=[tf.TensorSpec((None,) + shape, self._dtype)])
         self._chain = _chain(policy) if len(shape) == 1 else None
         if self._chain is not None and not self._numpy_matches_keras(shape[0]):
             self._chain = None
@@ -139,12 +139,24 @@ class PolicyExecutor:
 
     def __call__(self, observation: np.ndarray) -> np.ndarray:
         """The action for one observation (float32 [action_size])."""
-        x = np.asarray(observation, self._dtype.as_numpy_dtype)[None]
+        return self.batch(np.asarray(observation)[None])[0]
+
+    def batch(self, observations: np.ndarray) -> np.ndarray:
+        """The actions for a batch of observations (float32 [batch, action_size]): one call
+        for the environments of actors that act together (`run_together`)."""
+        x = np.asarray(observations, self._dtype.as_numpy_dtype)
         if self._numpy is None:
-            return self._act(x).numpy()[0]
-        for fn in self._numpy:
-            x = fn(x)
-        return x[0].astype(np.float32)
+            return self._act(x).numpy()   # a batched convolution: equal to one at a time up to rounding
+        # Row by row: a matmul over several rows may round differently from one row (BLAS
+        # blocks them), and these microseconds buy actions that are the same bits whether
+        # an actor acts alone or with others.
+        out = []
+        for row in x:
+            row = row[None]
+            for fn in self._numpy:
+                row = fn(row)
+            out.append(row[0])
+        return np.stack(out).astype(np.float32)
 
 
 class SynchronousActor:
@@ -186,28 +198,39 @@ class SynchronousActor:
         self.policy.update(weights)
 
     def select_action(self, observation: np.ndarray) -> np.ndarray:
-        action = self.policy(observation)
+        return self.explore(self.policy(observation))
+
+    def explore(self, action: np.ndarray) -> np.ndarray:
+        """The policy's action with this actor's exploration noise, clipped to [-1, 1]."""
         noise = self.sigma * self._rng.standard_normal(action.shape).astype(np.float32)
         return np.clip(action + noise, -1.0, 1.0)
+
+    def observe(self) -> np.ndarray:
+        """The observation to act on, starting an episode if none is running."""
+        if self._observation is None:
+            self._observation = self.environment.reset()
+            self.adder.start(self._observation)
+            self._episode_return = 0.0
+        return self._observation
+
+    def record(self, action: np.ndarray, step: Tuple[np.ndarray, float, float, bool]) -> None:
+        """Writes the environment's answer to `action` (its `step` result) into replay."""
+        observation, reward, discount, last = step
+        self.adder.add(action, reward, discount, observation, last)
+        self._episode_return += reward
+        self.env_steps += 1
+        self._observation = observation
+        if last:
+            self.episodes += 1
+            self._finished.append(self._episode_return)
+            self._observation = None
 
     def run(self, num_steps: int) -> None:
         """Takes `num_steps` environment steps, starting episodes as they end."""
         started = time.perf_counter()
         for _ in range(num_steps):
-            if self._observation is None:
-                self._observation = self.environment.reset()
-                self.adder.start(self._observation)
-                self._episode_return = 0.0
-            action = self.select_action(self._observation)
-            observation, reward, discount, last = self.environment.step(action)
-            self.adder.add(action, reward, discount, observation, last)
-            self._episode_return += reward
-            self.env_steps += 1
-            self._observation = observation
-            if last:
-                self.episodes += 1
-                self._finished.append(self._episode_return)
-                self._observation = None
+            action = self.select_action(self.observe())
+            self.record(action, self.environment.step(action))
         self.acting_time += time.perf_counter() - started
         self.timed_steps += num_steps
 
@@ -229,6 +252,40 @@ class SynchronousActor:
         self._rng.bit_generator.state = json.loads(str(state["rng"]))
         self._observation = None
         self._finished = []
+
+
+def run_together(actors: Sequence[SynchronousActor], num_steps: int) -> None:
+    """Each of `actors` takes `num_steps` environment steps, in lockstep: one policy call
+    for all their observations (`PolicyExecutor.batch`), then every environment steps at
+    once where it can (`step_async` / `step_wait`: a pixel environment's render worker),
+    else one after the other. The actors share one `PolicyExecutor` (one set of weights);
+    each keeps its own environment, noise, adder and counters, so each writes what its own
+    `run(num_steps)` would: the same bits for a numpy policy (state features), the same
+    up to float rounding (~1e-7 in an action) for one that runs through TensorFlow.
+
+    Raises:
+      ValueError: the actors do not share one policy.
+    """
+    policy = actors[0].policy
+    if any(actor.policy is not policy for actor in actors):
+        raise ValueError("run_together: the actors must share one PolicyExecutor (one set of weights).")
+    started = time.perf_counter()
+    for _ in range(num_steps):
+        observations = np.stack([actor.observe() for actor in actors])
+        actions = [actor.explore(action) for actor, action in zip(actors, policy.batch(observations), strict=True)]
+        waiting = []
+        for actor, action in zip(actors, actions, strict=True):
+            if hasattr(actor.environment, "step_async"):
+                actor.environment.step_async(action)
+                waiting.append((actor, action))
+            else:
+                actor.record(action, actor.environment.step(action))
+        for actor, action in waiting:
+            actor.record(action, actor.environment.step_wait())
+    elapsed = time.perf_counter() - started
+    for actor in actors:
+        actor.acting_time += elapsed
+        actor.timed_steps += num_steps
 
 
 def actor_seeds(seed: int, actor_id: int, restart: int = 0, resume_step: int = 0) -> Tuple[int, int]:

@@ -83,9 +83,19 @@ class PixelControlSuiteEnvironment:
         Returns:
           (stacked frames, summed reward, product of discounts, whether the episode ended).
         """
+        self.step_async(action)
+        return self.step_wait()
+
+    def step_async(self, action: np.ndarray) -> None:
+        """`step` in two halves: this sends the action to the render worker and returns at
+        once; `step_wait` returns what `step` would. Environments stepped this way, each
+        with its own worker, render at the same time (`expframe.rl.actors.run_together`)."""
         if self._last:
             raise RuntimeError("PixelControlSuiteEnvironment.step after the episode ended; call reset() first.")
-        frame, reward, discount, self._last = self._worker.step(np.asarray(action, np.float64).reshape(-1))
+        self._worker.step_async(np.asarray(action, np.float64).reshape(-1))
+
+    def step_wait(self) -> Tuple[np.ndarray, float, float, bool]:
+        frame, reward, discount, self._last = self._worker.step_wait()
         self._frames.append(frame)
         return self._stack(), reward, discount, self._last
 

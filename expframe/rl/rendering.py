@@ -72,20 +72,42 @@ class RenderWorker:
         return self.child.pid
 
     def _call(self, message: Tuple, starting: bool = False):
+        failed = self._send(message, starting)
+        return failed if failed is not None else self._receive(starting)
+
+    def _send(self, message: Tuple, starting: bool = False):
         try:
             self._conn.send(message)
+        except OSError as error:
+            return self._failed(error, starting)
+        return None
+
+    def _receive(self, starting: bool = False):
+        try:
             return self._conn.recv()
         except (EOFError, OSError) as error:
-            status = processes.describe_status(self.child.wait())
-            if starting:
-                return "render_error", f"the render worker {status} ({type(error).__name__})"
-            raise RunError(f"control_suite: the render worker (pid {self.child.pid}) {status}; stopping.") from error
+            return self._failed(error, starting)
+
+    def _failed(self, error: BaseException, starting: bool):
+        """The worker has gone: ("render_error", why) while starting; RunError later."""
+        status = processes.describe_status(self.child.wait())
+        if starting:
+            return "render_error", f"the render worker {status} ({type(error).__name__})"
+        raise RunError(f"control_suite: the render worker (pid {self.child.pid}) {status}; stopping.") from error
 
     def reset(self):
         return self._call(("reset",))
 
     def step(self, action):
         return self._call(("step", action))
+
+    def step_async(self, action) -> None:
+        """Sends a step; `step_wait` returns its result. Several workers started this way
+        render at the same time (one actor process stepping several environments)."""
+        self._send(("step", action))
+
+    def step_wait(self):
+        return self._receive()
 
     def reseed(self, seed: int) -> None:
         self._call(("reseed", int(seed)))

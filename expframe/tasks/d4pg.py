@@ -104,7 +104,12 @@ class D4PGTask(ObservationNetworks, Task):
       num_actors: 0 acts in this process (`synchronous`); K > 0 starts K actor
         processes fed weights and sending transitions over RPC (`expframe.rl.actor_pool`),
         each seeded from (run seed, actor id, restart count, resume step).
-      actor_sigmas: exploration sigma per actor process (None: `sigma` for all).
+      actor_sigmas: exploration sigma per actor (None: `sigma` for all).
+      actors_per_process: actors that share one actor process (1: a process each). Those
+        of a process import TensorFlow once, share one policy and act in lockstep with one
+        batched policy call per step, their render workers rendering at the same time;
+        each keeps its own id, seeds, environment, noise and replay stream. 32 actors at 8
+        per process are 4 TensorFlow processes instead of 32.
       weights_every: environment steps between an actor's weight fetches.
       max_actor_restarts: actor restarts allowed over the run, all actors together.
       actor_service_address: host:port of the learner's RPC service (port 0: free one;
@@ -144,7 +149,7 @@ class D4PGTask(ObservationNetworks, Task):
                  weights_every: int = 100, max_actor_restarts: int = 2,
                  actor_service_address: str = "127.0.0.1:0", actor_timeout_s: float = 120.0,
                  actor_startup_timeout_s: float = 600.0, max_weight_lag: Optional[int] = None,
-                 observation_network: Optional[Callable[..., keras.Model]] = None):
+                 observation_network: Optional[Callable[..., keras.Model]] = None, actors_per_process: int = 1):
         positive_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
         _check("discount", 0.0 <= discount <= 1.0, discount, "must be in [0, 1]")
         _check("n_step", positive_int(n_step), n_step, "must be a positive integer")
@@ -180,7 +185,10 @@ class D4PGTask(ObservationNetworks, Task):
                                                         and all(s >= 0 for s in actor_sigmas)),
                actor_sigmas, f"must list num_actors={num_actors} sigmas >= 0 (or be None)")
         _check("weights_every", positive_int(weights_every), weights_every, "must be a positive integer")
+        _check("actors_per_process", positive_int(actors_per_process), actors_per_process,
+               "must be a positive integer")
         self.num_actors, self.weights_every = num_actors, weights_every
+        self.actors_per_process = actors_per_process
         self.actor_sigmas = tuple(actor_sigmas) if actor_sigmas is not None else (sigma,) * num_actors
         self.max_actor_restarts, self.actor_service_address = max_actor_restarts, actor_service_address
         self.actor_timeout_s = actor_timeout_s
@@ -407,7 +415,8 @@ class D4PGTask(ObservationNetworks, Task):
                                         max_restarts=self.max_actor_restarts, address=self.actor_service_address,
                                         resume_step=step, acting=f"{__name__}:acting_parts",
                                         weight_names=self.acting_weight_names(),
-                                        startup_timeout_s=self.actor_startup_timeout_s)
+                                        startup_timeout_s=self.actor_startup_timeout_s,
+                                        actors_per_process=self.actors_per_process)
             self._insert_offset, self._learner_wait_s, self._remote_started = self.replay.inserted, 0.0, None
             if self.max_weight_lag is not None and self.max_weight_lag < num_steps:
                 raise xf.ConfigError(

@@ -167,6 +167,7 @@ class D4PGLearnerTest(TestCase):
         self.assertTrue(0.0 < result["episode_return"] <= 1000.0)
 
     def test_bad_values_are_config_errors(self):
-        for binding, value in (("n_step", 0), ("discount", 1.5), ("max_replay_size", 10), ("sigma", -1.0)):
+        for binding, value in (("n_step", 0), ("discount", 1.5), ("max_replay_size", 10), ("sigma", -1.0),
+                               ("actors_per_process", 0), ("weights_every", 2.5)):
             with self.assertRaisesRegex(xf.ConfigError, f"D4PGTask.{binding}"):
                 _task(**{binding: value})
