@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import tempfile
+import warnings
 
 import pytest
 
@@ -109,14 +110,17 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @pytest.fixture(autouse=True)
-def _signal_handlers_as_found():
-    """Each test leaves SIGINT and SIGTERM as it found them. A test that runs an entry point
-    in-process (an actor's or render worker's `main` ignores SIGINT, as it should in its own
-    process) would otherwise leave SIGINT ignored in this pytest worker, and every later
-    test there that signals itself, or starts a child (which inherits "ignore" until its
-    own handler is installed), would see the signal lost."""
+def _signal_handlers_as_found(request):
+    """Each test leaves SIGINT and SIGTERM as it found them (a warning names a test that did
+    not). A test that left SIGINT ignored in its pytest worker made later tests there lose
+    the signal: one that signals itself (an `ActorPool` then never saw the learner stop),
+    and one whose child inherits "ignore" until it installs its own handler (a study that
+    went on running after Ctrl-C); both failed under load, in one worker, in one run."""
     found = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
     yield
     for signum, handler in found.items():
-        if handler is not None and signal.getsignal(signum) is not handler:
+        now = signal.getsignal(signum)
+        if handler is not None and now is not handler:
+            warnings.warn(f"{request.node.nodeid} left {signal.Signals(signum).name} as {now!r} (was {handler!r}); "
+                          "put back", stacklevel=1)
             signal.signal(signum, handler)
