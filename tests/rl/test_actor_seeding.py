@@ -65,11 +65,17 @@ def _expected_rows(weights, seed, actor_id, restart, resume_step):
     return {k: v[:ROWS] for k, v in buffer.drain().items()}
 
 
-def test_restarted_and_resumed_actors_act_with_new_streams_and_same_numbers_repeat():
+def policy_weights_and_config():
+    """The fixed weights the actors act with; GIN parsed for the actor processes to read."""
     keras.utils.set_random_seed(0)
     weights = d4pg_policy(observation_size=5, action_size=1, layer_sizes=(16,)).get_weights()
     config.register_symbols()
     gin.parse_config(GIN)
+    return weights
+
+
+def test_restarted_and_resumed_actors_act_with_new_streams_and_same_numbers_repeat():
+    weights = policy_weights_and_config()
     pool = None
     try:
         # The pool of a learner resumed at step 40.

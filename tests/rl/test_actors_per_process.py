@@ -13,14 +13,14 @@ import keras
 import numpy as np
 import pytest
 
-from expframe import config, processes
+from expframe import processes
 from expframe.models.d4pg import d4pg_policy
 from expframe.rl.actor_pool import ActorPool
 from expframe.rl.actors import PolicyExecutor, SynchronousActor, run_together
 from expframe.rl.adders import NStepAdder
 from expframe.rl.environments import control_suite
 from expframe.rl.experience import TransitionBuffer, actor_buffer
-from tests.rl.test_actor_seeding import GIN, ROWS, SHAPES, _expected_rows
+from tests.rl.test_actor_seeding import ROWS, SHAPES, _expected_rows, policy_weights_and_config
 
 
 def _actors(make_environment, executor, count, steps_adder):
@@ -110,10 +110,7 @@ def _first_rows_by_actor(pool, ids, timeout=180.0):
 
 
 def test_a_pool_of_three_actors_in_two_processes_sends_each_actors_own_stream(capsys):
-    keras.utils.set_random_seed(0)
-    weights = d4pg_policy(observation_size=5, action_size=1, layer_sizes=(16,)).get_weights()
-    config.register_symbols()
-    gin.parse_config(GIN)
+    weights = policy_weights_and_config()
     pool = None
     try:
         pool = ActorPool(weights, SHAPES, num_actors=3, sigmas=[0.5] * 3, seed=3, weights_every=25, capacity=400,
