@@ -147,3 +147,13 @@ def test_a_pool_of_three_actors_in_two_processes_sends_each_actors_own_stream(ca
                                            err_msg=f"actor {actor_id} restart {restart} {key}")
     assert not np.allclose(first[0]["action"], first[1]["action"])
     assert os.path.basename(pool.config_path) == "config.gin"
+
+
+def test_an_actor_process_needs_one_sigma_per_distinct_actor_id(capsys):
+    from expframe.rl import actor_process  # pylint: disable=import-outside-toplevel
+    common = ["--address=127.0.0.1:1", "--seed=0", "--gin_config=none.gin"]
+    for ids, sigmas, says in (("0,1", "0.3", "one sigma per id"), ("2,2", "0.1,0.2", "distinct ids"),
+                              ("0,x", "0.1,0.2", "'0,x': give one int or several separated by commas")):
+        with pytest.raises(SystemExit) as exit_:
+            actor_process.main(common + [f"--actor_id={ids}", f"--sigma={sigmas}"])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
