@@ -31,6 +31,17 @@ def _runs_no_tests(config) -> bool:
             and config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None)))
 
 
+def _sigint_as_from_a_terminal() -> None:
+    """SIGINT raises KeyboardInterrupt here and in every child, whoever started pytest. A
+    shell without job control (a script's `cmd &`) starts background commands with SIGINT
+    ignored, and children inherit that: a study started by a test then ran on after its
+    Ctrl-C, and an ActorPool never saw the learner's SIGINT (it chains only a handler it
+    can call). Both failed in every background run of the suite, and passed in the
+    foreground and in CI."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_configure(config):
     """Distribution tests run 1 to 8 replicas in one process; TensorFlow lets a process
     split its CPU only once, so do it before any test module is imported.
@@ -39,6 +50,7 @@ def pytest_configure(config):
     (`failed call to cuInit`), written to fd 2 while pytest captured it, came out after
     the summary line as the process exited. Where TensorFlow starts, its notices are
     dropped as main.py drops them (expframe.tf_noise)."""
+    _sigint_as_from_a_terminal()   # in the controller (its workers inherit it) and in each worker
     if _runs_no_tests(config):
         return
     with tf_noise.quiet_start():
@@ -112,10 +124,8 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 @pytest.fixture(autouse=True)
 def _signal_handlers_as_found(request):
     """Each test leaves SIGINT and SIGTERM as it found them (a warning names a test that did
-    not). A test that left SIGINT ignored in its pytest worker made later tests there lose
-    the signal: one that signals itself (an `ActorPool` then never saw the learner stop),
-    and one whose child inherits "ignore" until it installs its own handler (a study that
-    went on running after Ctrl-C); both failed under load, in one worker, in one run."""
+    not): a test that left SIGINT ignored, say, would make later tests in its worker lose
+    the signal (`_sigint_as_from_a_terminal`)."""
     found = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
     yield
     for signum, handler in found.items():
