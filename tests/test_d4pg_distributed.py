@@ -30,9 +30,9 @@ SMALL = ("Replicator.num_replicas = 1", "Trainer.global_batch_size = 64", "Train
          "D4PGTask.target_update_period = 20", "D4PGTask.eval_episodes = 10", "D4PGTask.num_actors = 2",
          "D4PGTask.weights_every = 50", "actor/keras.optimizers.Adam.learning_rate = 1e-3",
          "critic/keras.optimizers.Adam.learning_rate = 1e-3")
-# Measured on 2 cores (13 runs, 2026-12): final eval return 937 to 998 in 11, 810 and 605 in
+# Measured on 2 cores (14 runs, 2026-12): final eval return 937 to 998 in 12, 810 and 605 in
 # two (the one at 605 failed CI when the test read the final eval alone); at 1,500 steps
-# 522 to 971 (8 runs); at 1,000 steps 330 to 627. One eval is one point of a noisy curve:
+# 522 to 971 (9 runs); at 1,000 steps 330 to 627. One eval is one point of a noisy curve:
 # the test reads the best of the last two.
 LEARNER_STEPS = 2000
 
