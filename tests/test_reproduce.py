@@ -454,6 +454,18 @@ def test_quick_set_runs_every_result_writes_a_valid_page_and_a_rerun_skips_them(
     assert attempts == {r.name: os.listdir(os.path.join(work, r.name)) for r in results}
     check_page(path, every)
 
+    # Another checkout: a fresh work directory restores the runs kept beside the page and
+    # runs none of them again (no checkpoints are kept, so none appear).
+    runs = [run["run"] for run in running.read_record(work, "quickstart_batch")["runs"]]
+    assert sorted(os.listdir(os.path.join(os.path.dirname(path), "results", "runs", "quickstart_batch"))) == runs
+    fresh = str(tmp_path / "fresh")
+    assert cli.main(["--set=quick", "--only=quickstart_batch", f"--work_dir={fresh}",
+                     f"--out={os.path.dirname(path)}"]) == 0
+    said = capsys.readouterr().out
+    assert said.count("finished in an earlier sitting; restored from ") == len(runs), said
+    assert running.read_record(fresh, "quickstart_batch")["complete"]
+    assert not any(os.path.exists(os.path.join(fresh, "quickstart_batch", run, "checkpoints")) for run in runs)
+
 
 def test_a_benchmarks_finished_json_is_reused_only_by_the_same_script_and_command(tmp_path, monkeypatch):
     """A finished JSON left in the work directory (its record deleted to run it again, or a

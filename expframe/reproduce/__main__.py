@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 from expframe import provenance
 from expframe.errors import ConfigError
-from expframe.reproduce import page, registry, running
+from expframe.reproduce import kept, page, registry, running
 
 _PROG = "python -m expframe.reproduce"
 SET_NAMES = ("quick", "learning", "studies", "benchmarks", "all")
@@ -138,7 +138,8 @@ def _main(argv: list[str]) -> int:
                                 f"{running.record_path(work, result.name)} to run it again)")
                     continue
                 rec = running.run(result, work, quick, commands[result.name],
-                                  parallel=getattr(result, "parallel", 1), settle_s=settle_s)
+                                  parallel=getattr(result, "parallel", 1), settle_s=settle_s,
+                                  kept_dir=None if result.kind == "benchmark" else kept.folder(out, result.name))
                 if not rec["complete"]:
                     incomplete.append(result.name)
             except ConfigError as e:

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure  # Agg; no pyplot, no display
 from expframe import plot
 from expframe.atomic_files import write_text
 from expframe.errors import ConfigError
-from expframe.reproduce import registry, running
+from expframe.reproduce import kept, registry, running
 from expframe.reproduce.quiet import quiet_rule, verdict
 
 PAGE = "results.md"
@@ -353,6 +353,22 @@ def _so_far(sittings: list[dict]) -> str:
             f"{sum(s['wall_s'] for s in sittings) / 60:.1f} min, the last ended {sittings[-1]['finished']}")
 
 
+def _finished_so_far(result, out_dir: str) -> list[str]:
+    """A table of the runs a pending result has finished so far (kept beside the page)."""
+    rows = kept.finished(kept.folder(out_dir, result.name))
+    if not rows:
+        return []
+    metrics = getattr(result, "metrics", None) or sorted({k for r in rows for k in r["eval"]})
+    lines = ["", f"Finished so far ({len(rows)} run{'s' if len(rows) > 1 else ''}, kept in "
+             f"`{os.path.relpath(kept.folder(out_dir, result.name), out_dir)}/`; the final eval):", "",
+             "| run | step | " + " | ".join(metrics) + " | wall time |", "|---|---|" + "---|" * len(metrics) + "---|"]
+    for r in rows:
+        wall = f"{r['wall_time_s'] / 60:.1f} min" if isinstance(r["wall_time_s"], (int, float)) else "-"
+        numbers = [_number(r["eval"][m]) if m in r["eval"] else "-" for m in metrics]
+        lines.append(f"| {r['run']} | {r['step']} | " + " | ".join(numbers) + f" | {wall} |")
+    return lines
+
+
 def _summary_row(result, rec: Optional[dict], command: str, sittings: Sequence[dict] = ()) -> str:
     if rec is None:
         so_far = f" ({_so_far(list(sittings))}; the command continues it)" if sittings else ""
@@ -405,7 +421,8 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
     """
     records = {r.name: running.read_record(work, r.name) for r in results}
     records = {k: v for k, v in records.items() if v is not None and v.get("quick") == quick}
-    sittings = {r.name: running.read_sittings(work, r.name) for r in results}
+    sittings = {r.name: running.read_sittings(work, r.name) or kept.read_sittings(kept.folder(out_dir, r.name))
+                for r in results}
     path = os.path.join(out_dir, PAGE)
     # Results measured in an earlier sitting whose records are not on this disk (another
     # checkout or machine: records stay in the work directory) keep their row and section
@@ -445,6 +462,7 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
                 lines += [f"Pending: {_so_far(sittings[result.name])}; rerun `{commands[result.name]}` to continue "
                           "(finished runs are kept, stopped ones resume from their checkpoints)."]
                 lines += [_sitting_line(i, s) for i, s in enumerate(sittings[result.name], 1)]
+                lines += _finished_so_far(result, out_dir)
             else:
                 lines += [f"Pending: not run yet. `{commands[result.name]}`"]
             continue

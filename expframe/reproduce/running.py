@@ -25,7 +25,7 @@ from typing import Optional
 
 from expframe import processes, provenance
 from expframe.atomic_files import write_json
-from expframe.reproduce import registry
+from expframe.reproduce import kept, registry
 from expframe.sweep import naming, runner, spec, summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -213,14 +213,24 @@ def set_aside_stale(study: spec.Study, root: str, texts: dict[str, str]) -> list
     return moved
 
 
-def run_sweep(study: spec.Study, root: str, parallel: int) -> tuple[list[dict], dict[str, str]]:
-    """Runs (or resumes) the study's main.py runs; returns (rows, run name -> command)."""
+def run_sweep(study: spec.Study, root: str, parallel: int,
+              kept_dir: Optional[str] = None) -> tuple[list[dict], dict[str, str]]:
+    """Runs (or resumes) the study's main.py runs; returns (rows, run name -> command).
+    With `kept_dir` (`kept.folder`), runs finished in another checkout are restored from
+    it first, and each run finished here is kept there as it finishes."""
     texts = spec.validate(study)
     os.makedirs(root, exist_ok=True)
     set_aside_stale(study, root, texts)
-    runner.run_study(study, root, texts, parallel=parallel,
-                     on_change=lambda: summary.write_summary(study, root))
-    summary.write_summary(study, root)
+    if kept_dir:
+        for name in kept.restore(study, root, kept_dir, texts):
+            say(f"{name}: finished in an earlier sitting; restored from {kept_dir}")
+
+    def on_change():
+        summary.write_summary(study, root)
+        if kept_dir:
+            kept.keep(study, root, kept_dir, texts)
+    runner.run_study(study, root, texts, parallel=parallel, on_change=on_change)
+    on_change()
     commands = {run.name: shown(runner.command(study, run, root)) for run in study.runs()}
     return _run_rows(study, root), commands
 
@@ -304,13 +314,16 @@ def _sitting(started: dict, load_start: list, meter: Meter, sig: str, ended: str
             "ended": ended, "signature": sig}
 
 
-def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_s: float = 0.0) -> dict:
+def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_s: float = 0.0,
+        kept_dir: Optional[str] = None) -> dict:
     """Runs one result (resuming what is on disk) and writes its record; returns it.
 
     An experiment or study stopped part-way (Ctrl-C, SIGTERM, a failed run) keeps its
     sitting (times, machine, commit, load) in `records/<name>.sittings.json`; the record
     that completes it holds every sitting, and its wall time is their sum. A study that
-    needs more hours than one machine session gives is run in several sittings."""
+    needs more hours than one machine session gives is run in several sittings; with
+    `kept_dir` (`kept.folder`, committed beside the page) its finished runs and sittings
+    so far are kept there too, so the sittings may be on different checkouts."""
     root = os.path.join(work, result.name)
     load_start = settle(settle_s)
     started = provenance.record()
@@ -318,18 +331,18 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
     say(f"{result.name}: started at load average {', '.join(f'{x:.2f}' for x in load_start)}"
         + ("; tiny size" if quick else f"; expected about {result.minutes:g} min on 2 idle cores"))
     sig = signature(result, quick)
-    earlier = [] if result.kind == "benchmark" else read_sittings(work, result.name, sig)  # a benchmark reruns whole
+    earlier = [] if result.kind == "benchmark" else (  # a benchmark reruns whole
+        read_sittings(work, result.name, sig) or _kept_sittings(kept_dir, sig))
     if earlier:
         say(f"{result.name}: sitting {len(earlier) + 1}; the earlier {len(earlier)} took "
             f"{sum(s['wall_s'] for s in earlier) / 60:.1f} min")
     try:
-        rec = _run_parts(result, work, quick, command, parallel, root, started)
+        rec = _run_parts(result, work, quick, command, parallel, root, started, kept_dir)
     except BaseException as e:
         if result.kind != "benchmark":
             ended = "stopped" if isinstance(e, (Stopped, KeyboardInterrupt)) else "failed"
-            write_json(sittings_path(work, result.name),
-                       earlier + [_sitting(started, load_start, meter, sig, ended, provenance.load_average())],
-                       make_dirs=True)
+            _save_sittings(work, result.name, kept_dir,
+                           earlier + [_sitting(started, load_start, meter, sig, ended, provenance.load_average())])
         raise
     load_end = settle(settle_s)
     sittings = earlier + [_sitting(started, load_start, meter, sig, "complete" if rec["complete"] else "incomplete",
@@ -344,10 +357,9 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
         rec["sittings"] = [{k: v for k, v in s.items() if k != "signature"} for s in sittings]
     write_json(record_path(work, result.name), rec, make_dirs=True)
     if rec["complete"]:
-        if os.path.exists(sittings_path(work, result.name)):
-            os.remove(sittings_path(work, result.name))
+        _save_sittings(work, result.name, kept_dir, [])
     elif result.kind != "benchmark":  # a retry resumes it: its sittings go on
-        write_json(sittings_path(work, result.name), sittings)
+        _save_sittings(work, result.name, kept_dir, sittings)
     state = "done" if rec["complete"] else "INCOMPLETE (a run failed; rerun to retry it)"
     say(f"{result.name}: {state} in {rec['wall_s'] / 60:.1f} min"
         + (f" over {len(sittings)} sittings" if len(sittings) > 1 else "") + "; load average at the end "
@@ -356,7 +368,24 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
     return rec
 
 
-def _run_parts(result, work: str, quick: bool, command: str, parallel: int, root: str, started: dict) -> dict:
+def _kept_sittings(kept_dir: Optional[str], sig: str) -> list[dict]:
+    """The sittings kept beside the page (made in another checkout) under signature `sig`."""
+    return [s for s in kept.read_sittings(kept_dir) if s.get("signature") == sig] if kept_dir else []
+
+
+def _save_sittings(work: str, name: str, kept_dir: Optional[str], sittings: list[dict]) -> None:
+    """Writes a result's sittings so far (none: it is complete, they go) to the work
+    directory and, with `kept_dir`, beside the page."""
+    if sittings:
+        write_json(sittings_path(work, name), sittings, make_dirs=True)
+    elif os.path.exists(sittings_path(work, name)):
+        os.remove(sittings_path(work, name))
+    if kept_dir:
+        kept.write_sittings(kept_dir, sittings)
+
+
+def _run_parts(result, work: str, quick: bool, command: str, parallel: int, root: str, started: dict,
+               kept_dir: Optional[str] = None) -> dict:
     """Runs the result's benchmark script or main.py runs; returns its record, but for the
     times and loads, which `run` adds over every sitting."""
     rec = {"name": result.name, "kind": result.kind, "title": result.title, "quick": quick,
@@ -370,7 +399,7 @@ def _run_parts(result, work: str, quick: bool, command: str, parallel: int, root
                    complete=True)
     else:
         study = study_for(result, quick)
-        rows, commands = run_sweep(study, root, parallel if result.kind == "study" else 1)
+        rows, commands = run_sweep(study, root, parallel if result.kind == "study" else 1, kept_dir)
         if any(r["status"] == "stopped" for r in rows):  # Ctrl-C or SIGTERM: each run saved a checkpoint
             raise Stopped(f"{result.name} stopped; rerun the same command to resume it")
         rec.update(commands=[commands[r["run"]] for r in rows], runs=_public(rows),
