@@ -92,7 +92,11 @@ class D4PGTask(ObservationNetworks, Task):
       discount: gamma per environment step.
       n_step: steps per replayed transition.
       sigma: exploration noise (actions in [-1, 1]).
-      target_update_period: learner steps between target network copies.
+      target_update_period: learner steps between target network updates.
+      target_update_tau: what fraction of the way each update moves the targets to the
+        online networks: 1.0 copies them (Acme's D4PG); tau < 1 is Polyak averaging,
+        target <- tau * online + (1 - tau) * target (DrQ: 0.01 every 2 steps). Step 0
+        copies either way, so the targets start equal to the online networks.
       samples_per_insert: sampled transitions per inserted one; sets the acting rate.
       min_replay_size: environment steps taken before learning starts.
       max_replay_size: replay capacity (oldest overwritten).
@@ -141,7 +145,8 @@ class D4PGTask(ObservationNetworks, Task):
                  actor_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
                  critic_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
                  discount: float = 0.99, n_step: int = 5, sigma: float = 0.3,
-                 target_update_period: int = 100, samples_per_insert: float = 32.0,
+                 target_update_period: int = 100, target_update_tau: float = 1.0,
+                 samples_per_insert: float = 32.0,
                  min_replay_size: int = 1000, max_replay_size: int = 1_000_000,
                  priority_exponent: float = 0.6, importance_sampling_exponent: float = 0.4,
                  importance_annealing_steps: int = 100_000, dqda_clipping: Optional[float] = 1.0,
@@ -156,6 +161,7 @@ class D4PGTask(ObservationNetworks, Task):
         _check("sigma", sigma >= 0, sigma, "must be >= 0")
         _check("target_update_period", positive_int(target_update_period), target_update_period,
                "must be a positive integer")
+        _check("target_update_tau", 0.0 < target_update_tau <= 1.0, target_update_tau, "must be in (0, 1]")
         _check("samples_per_insert", samples_per_insert > 0, samples_per_insert, "must be > 0")
         _check("min_replay_size", positive_int(min_replay_size), min_replay_size, "must be a positive integer")
         _check("max_replay_size", positive_int(max_replay_size) and max_replay_size >= min_replay_size,
@@ -173,7 +179,7 @@ class D4PGTask(ObservationNetworks, Task):
         self._actor_optimizer_fn = actor_optimizer or (lambda: keras.optimizers.Adam(1e-4))
         self._critic_optimizer_fn = critic_optimizer or (lambda: keras.optimizers.Adam(1e-4))
         self.discount, self.n_step, self.sigma = discount, n_step, sigma
-        self.target_update_period = target_update_period
+        self.target_update_period, self.target_update_tau = target_update_period, float(target_update_tau)
         self.samples_per_insert = float(samples_per_insert)
         self.min_replay_size, self.max_replay_size = min_replay_size, max_replay_size
         self.priority_exponent = priority_exponent
@@ -274,18 +280,26 @@ class D4PGTask(ObservationNetworks, Task):
     # -- the learner step (replica context) ----------------------------------------------
 
     def _update_targets(self) -> None:
-        def copy():
+        def move(tau):
             pairs = [(self.policy, self.target_policy), (self.critic, self.target_critic)]
             if self.observation_network is not None:
                 pairs.append((self.observation_network, self.target_observation_network))
             for network, target in pairs:
                 for source, variable in zip(network.variables, target.variables, strict=True):
-                    variable.assign(source)
+                    if tau == 1.0 or not tf.as_dtype(variable.dtype).is_floating:
+                        variable.assign(source)
+                    else:
+                        variable.assign(tau * source + (1.0 - tau) * variable)
             return tf.constant(True)
 
         # The critic optimizer's update count is the learner step (read before this step's update).
-        steps = self.critic_optimizer.iterations
-        tf.cond(steps % self.target_update_period == 0, copy, lambda: tf.constant(False))
+        steps, tau = self.critic_optimizer.iterations, self.target_update_tau
+        due = steps % self.target_update_period == 0
+        if tau == 1.0:
+            tf.cond(due, lambda: move(1.0), lambda: tf.constant(False))
+        else:  # step 0 copies; later updates move a fraction tau of the way
+            tf.cond(steps == 0, lambda: move(1.0),
+                    lambda: tf.cond(due, lambda: move(tau), lambda: tf.constant(False)))
 
     def train_step(self, batch) -> Dict[str, tf.Tensor]:
         self._update_targets()

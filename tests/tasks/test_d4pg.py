@@ -129,6 +129,28 @@ class D4PGLearnerTest(TestCase):
         # Acting kept pace: min_replay_size + 3 steps * 32 samples / 16 per insert.
         self.assertEqual(task.actor.env_steps, 200 + 6)
 
+    def test_soft_target_updates_copy_at_step_0_then_move_a_fraction_tau(self):
+        """`target_update_tau` < 1 (DrQ's Polyak averaging): step 0 copies the online
+        networks; each later update moves the targets tau of the way to them."""
+        learner = _Learner(1, samples_per_insert=16.0, target_update_tau=0.25)
+        initial = learner.weights()
+        learner.host_call(1)                           # step 0: a copy, before the update
+        for name in ("policy", "critic"):
+            for a, b in zip(initial[name], learner.weights()[f"target_{name}"], strict=True):
+                np.testing.assert_array_equal(a, b)
+        learner.host_call(1)                           # step 1: none (period 2)
+        before = learner.weights()
+        learner.host_call(1)                           # step 2: tau of the way
+        after = learner.weights()
+        for name in ("policy", "critic"):
+            for online, target, moved in zip(before[name], before[f"target_{name}"], after[f"target_{name}"],
+                                             strict=True):
+                np.testing.assert_allclose(moved, 0.25 * online + 0.75 * target, rtol=1e-5, atol=1e-7)
+            self.assertFalse(all(np.array_equal(o, m) for o, m in zip(before[name], after[f"target_{name}"],
+                                                                      strict=True)))
+        with self.assertRaisesRegex(xf.ConfigError, "target_update_tau"):
+            _task(target_update_tau=0.0)
+
     def test_in_process_acting_logs_its_weight_lag_over_the_whole_run(self):
         """Issue 33: acting in the learner's process logs the actor processes' lag metrics:
         every transition acted with the weights of the step it is inserted at (lag 0), counted
