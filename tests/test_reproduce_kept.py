@@ -19,7 +19,8 @@ def _finished_run(root, name, episode_return, wall=600.0, text=None):
     os.makedirs(os.path.join(model_dir, "checkpoints"))
     with open(os.path.join(model_dir, "checkpoints", "ckpt-1.data"), "wb") as f:
         f.write(b"\0" * 1000)
-    files = {"parsed_config.gin": text or TEXTS[name], "config.gin": "# as given\n", "operative_config.gin": "# operative\n",
+    files = {"parsed_config.gin": text or TEXTS[name], "config.gin": "# as given\n",
+             "operative_config.gin": "# operative\n",
              "metrics.jsonl": json.dumps({"split": "eval", "step": 10, "episode_return": episode_return}) + "\n",
              "result.json": json.dumps({"eval": {"episode_return": episode_return}, "step": 10, "wall_time_s": wall})}
     for file, text in files.items():
