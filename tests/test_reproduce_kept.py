@@ -5,6 +5,7 @@ running them again; a kept run of another configuration is not restored."""
 import json
 import os
 
+from expframe.reproduce import __main__ as cli
 from expframe.reproduce import kept, page, registry, running
 from expframe.sweep import runner, spec
 
@@ -92,3 +93,19 @@ def test_sittings_kept_beside_the_page_carry_a_pending_study_to_another_checkout
     rec = running.run(result, str(tmp_path / "work2"), False, "python -m expframe.reproduce", kept_dir=store)
     assert [s["ended"] for s in rec["sittings"]] == ["stopped", "complete"] and seen == [store]
     assert kept.read_sittings(store) == [] and not os.path.exists(os.path.join(store, kept.SITTINGS))
+
+
+def test_page_only_keeps_the_runs_finished_in_the_work_directory(tmp_path, capsys):
+    """`--page_only` runs nothing; it keeps runs made by hand with the study's exact
+    commands (finished under its configuration) beside the page."""
+    result = registry.QUICKSTART_BATCH
+    study = running.study_for(result, True)
+    texts = spec.validate(study)
+    work, out = str(tmp_path / "work"), str(tmp_path / "page")
+    names = list(texts)
+    _finished_run(os.path.join(work, result.name), names[0], 0.5, text=texts[names[0]])
+    assert cli.main(["--set=quick", f"--only={result.name}", "--page_only", f"--work_dir={work}",
+                     f"--out={out}"]) == 0
+    assert f"{result.name}: kept {names[0]} in " in capsys.readouterr().out
+    assert sorted(os.listdir(kept.folder(out, result.name))) == [names[0]]
+    assert not os.path.exists(os.path.join(kept.folder(out, result.name), names[0], "checkpoints"))

@@ -52,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds to wait, before and after each result, for the 1-minute load average to fall "
                         "under 1 before recording it (default 120; 0 for quick)")
     p.add_argument("--list", action="store_true", help="print what the set runs and its expected time; run nothing")
-    p.add_argument("--page_only", action="store_true", help="rewrite the page from the records on disk")
+    p.add_argument("--page_only", action="store_true",
+                   help="rewrite the page from the records on disk, and keep the runs finished in the work "
+                        "directory beside it (docs/results/runs/); run nothing")
     return p
 
 
@@ -123,7 +125,12 @@ def _main(argv: list[str]) -> int:
     commands = {r.name: _command("quick" if quick else registry.set_of(r), [r.name]) for r in page_results}
     lines = _set_lines(quick)
     incomplete = []
-    if not args.page_only:
+    if args.page_only:
+        for result in chosen:
+            if result.kind != "benchmark":
+                for name in running.keep_finished(result, work, quick, kept.folder(out, result.name)):
+                    running.say(f"{result.name}: kept {name} in {kept.folder(out, result.name)}")
+    else:
         expected = "tiny sizes" if quick else f"about {sum(r.minutes for r in chosen):.0f} min on 2 idle cores"
         running.say(f"--set={args.set_name}: {len(chosen)} result(s), {expected}; work dir {work}, page "
                     f"{os.path.join(out, page.PAGE)}; load average "

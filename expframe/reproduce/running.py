@@ -235,6 +235,13 @@ def run_sweep(study: spec.Study, root: str, parallel: int,
     return _run_rows(study, root), commands
 
 
+def keep_finished(result, work: str, quick: bool, kept_dir: str) -> list[str]:
+    """Keeps the runs of `result` finished in the work directory beside the page
+    (`--page_only`: e.g. runs started by hand with the study's exact commands)."""
+    study = study_for(result, quick)
+    return kept.keep(study, os.path.join(work, result.name), kept_dir, spec.validate(study))
+
+
 # -- benchmarks -------------------------------------------------------------------------------------
 
 def run_benchmark(result: registry.Benchmark, root: str, quick: bool) -> tuple[dict, str]:
