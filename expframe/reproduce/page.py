@@ -365,7 +365,7 @@ def _finished_so_far(result, out_dir: str) -> list[str]:
     for r in rows:
         wall = f"{r['wall_time_s'] / 60:.1f} min" if isinstance(r["wall_time_s"], (int, float)) else "-"
         numbers = [_number(r["eval"][m]) if m in r["eval"] else "-" for m in metrics]
-        lines.append(f"| {r['run']} | {r['step']} | " + " | ".join(numbers) + f" | {wall} |")
+        lines.append(f"| {r['run']} | {_number(r['step'])} | " + " | ".join(numbers) + f" | {wall} |")
     return lines
 
 
