@@ -107,9 +107,8 @@ def read_sittings(kept: str) -> list[dict]:
     return [s for s in sittings if isinstance(s, dict)]
 
 
-def write_sittings(kept: str, sittings: list[dict]) -> None:
-    """Keeps a result's sittings so far (none: removes the file, the result is complete)."""
-    path = os.path.join(kept, SITTINGS)
+def write_sittings(path: str, sittings: list[dict]) -> None:
+    """Writes a result's sittings so far to `path` (none: removes it, the result is complete)."""
     if sittings:
         write_json(path, sittings, make_dirs=True)
     elif os.path.exists(path):

@@ -421,8 +421,7 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
     """
     records = {r.name: running.read_record(work, r.name) for r in results}
     records = {k: v for k, v in records.items() if v is not None and v.get("quick") == quick}
-    sittings = {r.name: running.read_sittings(work, r.name) or kept.read_sittings(kept.folder(out_dir, r.name))
-                for r in results}
+    sittings = {r.name: running.sittings_of(work, r.name, kept.folder(out_dir, r.name)) for r in results}
     path = os.path.join(out_dir, PAGE)
     # Results measured in an earlier sitting whose records are not on this disk (another
     # checkout or machine: records stay in the work directory) keep their row and section

@@ -339,7 +339,7 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
         + ("; tiny size" if quick else f"; expected about {result.minutes:g} min on 2 idle cores"))
     sig = signature(result, quick)
     earlier = [] if result.kind == "benchmark" else (  # a benchmark reruns whole
-        read_sittings(work, result.name, sig) or _kept_sittings(kept_dir, sig))
+        sittings_of(work, result.name, kept_dir, sig))
     if earlier:
         say(f"{result.name}: sitting {len(earlier) + 1}; the earlier {len(earlier)} took "
             f"{sum(s['wall_s'] for s in earlier) / 60:.1f} min")
@@ -375,20 +375,19 @@ def run(result, work: str, quick: bool, command: str, parallel: int = 1, settle_
     return rec
 
 
-def _kept_sittings(kept_dir: Optional[str], sig: str) -> list[dict]:
-    """The sittings kept beside the page (made in another checkout) under signature `sig`."""
-    return [s for s in kept.read_sittings(kept_dir) if s.get("signature") == sig] if kept_dir else []
+def sittings_of(work: str, name: str, kept_dir: Optional[str], sig: Optional[str] = None) -> list[dict]:
+    """A result's earlier sittings from the work directory or, where it has none (another
+    checkout), from beside the page (`kept_dir`); under signature `sig` when given."""
+    return read_sittings(work, name, sig) or [s for s in (kept.read_sittings(kept_dir) if kept_dir else [])
+                                              if sig is None or s.get("signature") == sig]
 
 
 def _save_sittings(work: str, name: str, kept_dir: Optional[str], sittings: list[dict]) -> None:
     """Writes a result's sittings so far (none: it is complete, they go) to the work
     directory and, with `kept_dir`, beside the page."""
-    if sittings:
-        write_json(sittings_path(work, name), sittings, make_dirs=True)
-    elif os.path.exists(sittings_path(work, name)):
-        os.remove(sittings_path(work, name))
+    kept.write_sittings(sittings_path(work, name), sittings)
     if kept_dir:
-        kept.write_sittings(kept_dir, sittings)
+        kept.write_sittings(os.path.join(kept_dir, kept.SITTINGS), sittings)
 
 
 def _run_parts(result, work: str, quick: bool, command: str, parallel: int, root: str, started: dict,
