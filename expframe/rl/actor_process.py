@@ -63,6 +63,8 @@ class ActingParts(NamedTuple):
     policy: Any             # a keras.Model from observations to actions, taking the learner's acting weights
     n_step: int
     discount: float
+    # (learner step of the weights, the actor's --sigma) -> the sigma to act with; None: --sigma
+    exploration: Optional[Callable[[int, float], float]] = None
 
 
 def load_acting(spec: str) -> Callable[..., Any]:
@@ -86,9 +88,13 @@ class ProcessActor:
       buffer: the `expframe.rl.experience.TransitionBuffer` behind the actor's adder (a
         list: one per actor).
       weights_every: environment steps between weight fetches (and inserts).
+      exploration: None, or `(version, sigma) -> sigma`: each actor's noise for the
+        weights of learner step `version`, from its own sigma at start (DrQ-v2's decay,
+        `expframe.rl.exploration`).
     """
 
-    def __init__(self, client, actor, buffer, weights_every: int):
+    def __init__(self, client, actor, buffer, weights_every: int,
+                 exploration: Optional[Callable[[int, float], float]] = None):
         many = isinstance(actor, (list, tuple))
         self.clients = list(client) if many else [client]
         self.actors = list(actor) if many else [actor]
@@ -97,6 +103,8 @@ class ProcessActor:
             raise ValueError(f"ProcessActor: {len(self.clients)} clients, {len(self.actors)} actors and "
                              f"{len(self.buffers)} buffers: give one of each per actor.")
         self.weights_every = int(weights_every)
+        self.exploration = exploration
+        self.final_sigmas = [actor.sigma for actor in self.actors]
         self.weight_wait_s = 0.0      # time spent fetching weights
         self.insert_wait_s = 0.0      # time spent sending (and waiting to be let in)
         self.fetches = 0
@@ -133,6 +141,9 @@ class ProcessActor:
         if version < 0:
             return False
         self.actor.update(weights)   # the policy all the actors share
+        if self.exploration is not None:
+            for actor, sigma in zip(self.actors, self.final_sigmas, strict=True):
+                actor.sigma = self.exploration(version, sigma)
         if len(self.actors) == 1:
             self.actor.run(self.weights_every)
         else:
@@ -189,7 +200,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--restart", type=int, default=0, help="how many times this process was restarted")
     parser.add_argument("--resume_step", type=int, default=0, help="the learner step the learner started from")
     parser.add_argument("--sigma", type=lambda t: _numbers(t, float), required=True,
-                        help="exploration noise of each actor (as many as --actor_id)")
+                        help="exploration noise of each actor (as many as --actor_id); with the gin config's "
+                             "D4PGTask.initial_sigma, what each actor's noise decays to")
     parser.add_argument("--weights_every", type=int, default=100, help="environment steps between weight fetches")
     parser.add_argument("--gin_config", required=True, help="the learner's gin config (environment, networks)")
     parser.add_argument("--stats_file", default=None, help="JSON of timings written at exit")
@@ -219,12 +231,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     load_acting(args.registry)()
     with gin.unlock_config():
         gin.parse_config_file(args.gin_config, skip_unknown=True)
-    environments, actors, buffers, executor = [], [], [], None
+    environments, actors, buffers, executor, exploration = [], [], [], None, None
     runner, parent, code = None, os.getppid(), 0
     try:
         for actor_id, sigma in zip(ids, sigmas, strict=True):
             env_seed, noise_seed = actor_seeds(args.seed, actor_id, args.restart, args.resume_step)
             parts = acting(env_seed)
+            exploration = parts.exploration
             environments.append(parts.environment)
             # Transitions (state features) or steps with frames (pixels): expframe/rl/experience.py.
             buffer, adder = actor_buffer(parts.environment, parts.n_step, parts.discount)
@@ -233,7 +246,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             actors.append(SynchronousActor(parts.environment, executor, adder, sigma=sigma, seed=noise_seed))
             buffers.append(buffer)
         clients = [ActorClient(args.address, actor_id) for actor_id in ids]
-        runner = ProcessActor(clients, actors, buffers, args.weights_every)
+        runner = ProcessActor(clients, actors, buffers, args.weights_every, exploration)
         while runner.step():
             if os.getppid() != parent:
                 print(f"{name}: the learner process is gone; stopping", file=sys.stderr)

@@ -58,6 +58,7 @@ from expframe.rl import experience, losses
 from expframe.rl.actor_pool import lag_histogram
 from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds, episode_returns, trivial_policy_returns
 from expframe.rl.environments import control_suite
+from expframe.rl.exploration import ExplorationSchedule
 from expframe.rl.learner_input import PreparedBatches
 from expframe.tasks.base import StopRequested, Task
 from expframe.tasks.d4pg_observations import ObservationNetworks
@@ -91,7 +92,16 @@ class D4PGTask(ObservationNetworks, Task):
         called and wrapped under the gin scopes `actor/` and `critic/`.
       discount: gamma per environment step.
       n_step: steps per replayed transition.
-      sigma: exploration noise (actions in [-1, 1]).
+      sigma: exploration noise (actions in [-1, 1]); with `initial_sigma`, the value
+        the noise decays to.
+      initial_sigma: None (sigma throughout), or the noise at learner step 0, decaying
+        linearly to `sigma` (each actor's own, with `actor_sigmas`) over
+        `sigma_decay_steps` learner steps: DrQ-v2's schedule (Yarats et al. 2021,
+        arXiv 2107.09645: 1.0 to 0.1 over its first 100,000 agent steps), which keeps a
+        pixel policy from settling on one action before its critic can tell states apart.
+        Actors read the step from the weights they act with, so the decay is the same
+        in-process, in actor processes and after a resume.
+      sigma_decay_steps: learner steps of the decay (with `initial_sigma`).
       target_update_period: learner steps between target network updates.
       target_update_tau: what fraction of the way each update moves the targets to the
         online networks: 1.0 copies them (Acme's D4PG); tau < 1 is Polyak averaging,
@@ -145,6 +155,7 @@ class D4PGTask(ObservationNetworks, Task):
                  actor_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
                  critic_optimizer: Optional[Callable[[], keras.optimizers.Optimizer]] = None,
                  discount: float = 0.99, n_step: int = 5, sigma: float = 0.3,
+                 initial_sigma: Optional[float] = None, sigma_decay_steps: int = 0,
                  target_update_period: int = 100, target_update_tau: float = 1.0,
                  samples_per_insert: float = 32.0,
                  min_replay_size: int = 1000, max_replay_size: int = 1_000_000,
@@ -159,6 +170,9 @@ class D4PGTask(ObservationNetworks, Task):
         _check("discount", 0.0 <= discount <= 1.0, discount, "must be in [0, 1]")
         _check("n_step", positive_int(n_step), n_step, "must be a positive integer")
         _check("sigma", sigma >= 0, sigma, "must be >= 0")
+        _check("initial_sigma", initial_sigma is None or initial_sigma >= 0, initial_sigma, "must be >= 0 or None")
+        _check("sigma_decay_steps", initial_sigma is None or positive_int(sigma_decay_steps), sigma_decay_steps,
+               "must be a positive integer (learner steps) when D4PGTask.initial_sigma is set")
         _check("target_update_period", positive_int(target_update_period), target_update_period,
                "must be a positive integer")
         _check("target_update_tau", 0.0 < target_update_tau <= 1.0, target_update_tau, "must be in (0, 1]")
@@ -179,6 +193,7 @@ class D4PGTask(ObservationNetworks, Task):
         self._actor_optimizer_fn = actor_optimizer or (lambda: keras.optimizers.Adam(1e-4))
         self._critic_optimizer_fn = critic_optimizer or (lambda: keras.optimizers.Adam(1e-4))
         self.discount, self.n_step, self.sigma = discount, n_step, sigma
+        self.exploration = ExplorationSchedule(initial_sigma, sigma_decay_steps)
         self.target_update_period, self.target_update_tau = target_update_period, float(target_update_tau)
         self.samples_per_insert = float(samples_per_insert)
         self.min_replay_size, self.max_replay_size = min_replay_size, max_replay_size
@@ -360,6 +375,7 @@ class D4PGTask(ObservationNetworks, Task):
                 self.environment.reseed(actor_seeds(self.seed, 0, 0, step)[0])
             self._reseed_at_resume = False
             self.actor.update(self.acting_weights())
+            self.actor.sigma = self.exploration(step, self.sigma)
             due = self._env_steps_due(step + num_steps) - self.actor.env_steps
             if due > 0:
                 self.actor.run(due)
@@ -405,6 +421,8 @@ class D4PGTask(ObservationNetworks, Task):
         metrics = {"env_steps": float(self.actor.env_steps), "episodes": float(self.actor.episodes),
                    "replay_size": float(self.replay.size),
                    "env_steps_per_sec": self.actor.timed_steps / max(self.actor.acting_time, 1e-9)}
+        if self.exploration.initial is not None:
+            metrics["sigma"] = self.exploration(step, self.sigma)
         if self.actor_pool is not None:
             metrics.update(self._remote_metrics(step))
         elif self._lags:
@@ -523,7 +541,8 @@ def acting_parts(environment_seed: int):
     from expframe.rl.actor_process import ActingParts  # pylint: disable=import-outside-toplevel
     task = D4PGTask()
     environment = task._environment_fn(seed=environment_seed)  # pylint: disable=protected-access
-    return ActingParts(environment, task.make_acting_policy(environment), task.n_step, task.discount)
+    return ActingParts(environment, task.make_acting_policy(environment), task.n_step, task.discount,
+                       task.exploration)
 
 
 class _ActingState(tf.train.experimental.PythonState):

@@ -24,6 +24,8 @@ control_suite.name = 'cartpole/balance'
 D4PGTask.policy_network = @d4pg_policy
 d4pg_policy.layer_sizes = (16,)
 D4PGTask.n_step = 3
+D4PGTask.initial_sigma = 0.0          # noiseless at learner step 0, --sigma from step 1000 on
+D4PGTask.sigma_decay_steps = 1000
 """
 
 
@@ -137,8 +139,10 @@ class ActorSubprocessTest(TestCase):
                  f"--stats_file={stats}"], stderr=subprocess.PIPE, text=True)
             try:
                 self.assertTrue(service.wait_for(200, timeout=90), "no transitions from the actor process")
-                version = service.publish(policy.get_weights())
-                service.take()
+                # Acted with the weights of learner step 0: the schedule's sigma 0, so every
+                # action is the policy's own (its last layer starts near zero).
+                self.assertLess(np.max(np.abs(service.take()["action"])), 0.01)
+                version = service.publish(policy.get_weights(), step=1000)
                 # One chunk may be in flight with the old weights; the next is acted with the new.
                 self.assertTrue(service.wait_for(200, timeout=30))
                 self.assertGreaterEqual(service.versions_used[7], version)
@@ -146,6 +150,9 @@ class ActorSubprocessTest(TestCase):
                 taken = service.take()
                 self.assertEqual(taken["observation"].shape[1:], (5,))
                 self.assertTrue(np.all(np.abs(taken["action"]) <= 1.0))
+                # Weights of step 1000: the schedule has reached --sigma=0.5.
+                fresh = taken["action"][-100:]
+                self.assertGreater(np.std(fresh), 0.3)
                 service.close()
                 self.assertEqual(process.wait(timeout=30), 0, process.stderr.read())
                 self.assertTrue(os.path.exists(stats))

@@ -151,6 +151,21 @@ class D4PGLearnerTest(TestCase):
         with self.assertRaisesRegex(xf.ConfigError, "target_update_tau"):
             _task(target_update_tau=0.0)
 
+    def test_in_process_acting_decays_sigma_with_the_learner_step(self):
+        """`initial_sigma` (DrQ-v2's schedule): the in-process actor acts each host call with
+        the sigma of the call's first step, falling linearly to `sigma`; logged as `sigma`."""
+        learner = _Learner(1, samples_per_insert=16.0, sigma=0.2, initial_sigma=1.0, sigma_decay_steps=4)
+        first = learner.host_call(2)
+        self.assertEqual(learner.task.actor.sigma, 1.0)     # acted before step 0
+        self.assertAlmostEqual(first["sigma"], 0.6)         # logged at step 2
+        learner.host_call(2)
+        self.assertAlmostEqual(learner.task.actor.sigma, 0.6)
+        learner.host_call(2)
+        self.assertAlmostEqual(learner.task.actor.sigma, 0.2)
+        self.assertNotIn("sigma", _Learner(1).host_call(1))   # constant sigma: not logged
+        with self.assertRaisesRegex(xf.ConfigError, "D4PGTask.sigma_decay_steps=0 must be a positive integer"):
+            _task(initial_sigma=1.0)
+
     def test_in_process_acting_logs_its_weight_lag_over_the_whole_run(self):
         """Issue 33: acting in the learner's process logs the actor processes' lag metrics:
         every transition acted with the weights of the step it is inserted at (lag 0), counted
