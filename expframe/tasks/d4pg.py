@@ -114,6 +114,13 @@ class D4PGTask(ObservationNetworks, Task):
       importance_sampling_exponent: beta at step 0, annealed linearly to 1 over
         `importance_annealing_steps` learner steps.
       dqda_clipping: norm bound on dQ/da in the policy loss (None: off).
+      preactivation_penalty: lambda of a penalty lambda * mean(x ** 2) on the policy's
+        tanh pre-activations x, added to the policy loss (0: off, Acme's loss). It keeps
+        the tanh from saturating, where its gradient vanishes and the policy can no
+        longer follow its critic (Andrychowicz et al. 2017, HER, arXiv 1707.01495, which
+        adds the squared pre-activations to the actor's cost for this reason). The
+        policy's last layer must be a tanh activation (as `d4pg_policy`'s); logged as
+        `policy_preactivation_rms`.
       eval_episodes: episodes per evaluation, noiseless policy.
       num_actors: 0 acts in this process (`synchronous`); K > 0 starts K actor
         processes fed weights and sending transitions over RPC (`expframe.rl.actor_pool`),
@@ -161,6 +168,7 @@ class D4PGTask(ObservationNetworks, Task):
                  min_replay_size: int = 1000, max_replay_size: int = 1_000_000,
                  priority_exponent: float = 0.6, importance_sampling_exponent: float = 0.4,
                  importance_annealing_steps: int = 100_000, dqda_clipping: Optional[float] = 1.0,
+                 preactivation_penalty: float = 0.0,
                  eval_episodes: int = 5, num_actors: int = 0, actor_sigmas: Optional[tuple] = None,
                  weights_every: int = 100, max_actor_restarts: int = 2,
                  actor_service_address: str = "127.0.0.1:0", actor_timeout_s: float = 120.0,
@@ -186,6 +194,7 @@ class D4PGTask(ObservationNetworks, Task):
         _check("importance_annealing_steps", positive_int(importance_annealing_steps),
                importance_annealing_steps, "must be a positive integer")
         _check("dqda_clipping", dqda_clipping is None or dqda_clipping > 0, dqda_clipping, "must be > 0 or None")
+        _check("preactivation_penalty", preactivation_penalty >= 0, preactivation_penalty, "must be >= 0")
         _check("eval_episodes", positive_int(eval_episodes), eval_episodes, "must be a positive integer")
         self._environment_fn = environment
         self._policy_fn, self._critic_fn = policy_network, critic_network
@@ -199,7 +208,7 @@ class D4PGTask(ObservationNetworks, Task):
         self.min_replay_size, self.max_replay_size = min_replay_size, max_replay_size
         self.priority_exponent = priority_exponent
         self.beta0, self.annealing_steps = float(importance_sampling_exponent), importance_annealing_steps
-        self.dqda_clipping = dqda_clipping
+        self.dqda_clipping, self.preactivation_penalty = dqda_clipping, float(preactivation_penalty)
         self.eval_episodes = eval_episodes
         _check("num_actors", isinstance(num_actors, int) and num_actors >= 0, num_actors, "must be an integer >= 0")
         _check("actor_sigmas", actor_sigmas is None or (len(actor_sigmas) == num_actors
@@ -272,6 +281,7 @@ class D4PGTask(ObservationNetworks, Task):
             self.target_policy = self._policy_fn(observation_size=obs, action_size=act)
             self.target_critic = self._critic_fn(observation_size=obs, action_size=act)
         self.support = tf.constant(self.critic.support)
+        self._policy_with_preactivation = self._preactivation_model() if self.preactivation_penalty else None
         with gin.config_scope("actor"):
             self.actor_optimizer = xf.wrap_optimizer(self._actor_optimizer_fn())
         with gin.config_scope("critic"):
@@ -332,11 +342,17 @@ class D4PGTask(ObservationNetworks, Task):
             critic_loss = tf.reduce_mean(batch["weight"] * cross_entropy)
         with tf.GradientTape() as actor_tape:
             observations = tf.stop_gradient(observations)
-            policy_actions = self.policy(observations, training=True)
+            if self._policy_with_preactivation is None:
+                policy_actions = self.policy(observations, training=True)
+            else:
+                preactivations, policy_actions = self._policy_with_preactivation(observations, training=True)
+                preactivation_ms = tf.reduce_mean(tf.square(tf.cast(preactivations, tf.float32)))
             with actor_tape.stop_recording(), tf.GradientTape() as dq_tape:
                 dq_tape.watch(policy_actions)
                 q_values = self._expected(self.critic([observations, policy_actions]))
             actor_loss = tf.reduce_mean(losses.dpg_loss(q_values, policy_actions, dq_tape, self.dqda_clipping))
+            if self._policy_with_preactivation is not None:
+                actor_loss += self.preactivation_penalty * preactivation_ms
         # minimize scales each loss under loss scaling (mixed_float16), then unscales,
         # averages over replicas, clips and applies. The policy's gradient does not
         # read the critic's weights (dQ/da is fixed above), so the order is free; the
@@ -345,8 +361,21 @@ class D4PGTask(ObservationNetworks, Task):
         self.actor_optimizer.minimize(actor_loss, self.policy.trainable_variables, actor_tape)
 
         tf.numpy_function(self._receive, [batch["key"], td_error], [], stateful=True)
-        return {"loss": critic_loss, "critic_loss": critic_loss, "actor_loss": actor_loss,
-                "q_mean": tf.reduce_mean(q_values)}
+        metrics = {"loss": critic_loss, "critic_loss": critic_loss, "actor_loss": actor_loss,
+                   "q_mean": tf.reduce_mean(q_values)}
+        if self._policy_with_preactivation is not None:
+            metrics["policy_preactivation_rms"] = tf.sqrt(preactivation_ms)
+        return metrics
+
+    def _preactivation_model(self) -> keras.Model:
+        """The policy with its tanh's input as a second output (the same layers and weights)."""
+        last = self.policy.layers[-1]
+        if getattr(getattr(last, "activation", None), "__name__", None) != "tanh" or not hasattr(self.policy, "inputs"):
+            raise xf.ConfigError(
+                f"D4PGTask.preactivation_penalty={self.preactivation_penalty!r} needs a functional Keras policy whose "
+                f"last layer is a tanh activation (as d4pg_policy's); {self.policy.name!r} ends in {last.name!r}: "
+                f"set D4PGTask.preactivation_penalty = 0.")
+        return keras.Model(self.policy.inputs, [last.input, self.policy.output], name="policy_with_preactivation")
 
     def _expected(self, logits):
         return tf.reduce_sum(tf.nn.softmax(tf.cast(logits, tf.float32)) * self.support, axis=-1)

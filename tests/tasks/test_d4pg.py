@@ -151,6 +151,29 @@ class D4PGLearnerTest(TestCase):
         with self.assertRaisesRegex(xf.ConfigError, "target_update_tau"):
             _task(target_update_tau=0.0)
 
+    def test_preactivation_penalty_pulls_a_saturated_policy_back(self):
+        """`preactivation_penalty` (HER's): a policy saturated at tanh(10) has no gradient left
+        from the critic (1 - tanh(10)^2 ~ 8e-9) and stays there; the penalty's gradient,
+        2 * lambda * x, brings it back to where the critic's gradient reaches it."""
+        moved = {}
+        for penalty in (0.0, 0.1):
+            learner = _Learner(1, samples_per_insert=16.0, preactivation_penalty=penalty,
+                               actor_optimizer=lambda: keras.optimizers.SGD(0.05))
+            bias = learner.task.policy.get_layer("policy_action").bias
+            bias.assign([10.0])
+            metrics = learner.host_call(3)
+            moved[penalty] = 10.0 - float(bias.numpy()[0])
+            if penalty:
+                # Three SGD steps of 0.05 * 2 * 0.1 * x on the bias, x ~ 10 (the torso's output
+                # through a near-zero kernel adds little).
+                self.assertGreater(metrics["policy_preactivation_rms"], 9.0)
+            else:
+                self.assertNotIn("policy_preactivation_rms", metrics)
+        self.assertLess(abs(moved[0.0]), 1e-4)
+        self.assertAlmostEqual(moved[0.1], 3 * 0.05 * 2 * 0.1 * 10.0, delta=0.02)
+        with self.assertRaisesRegex(xf.ConfigError, "D4PGTask.preactivation_penalty=-1.0 must be >= 0"):
+            _task(preactivation_penalty=-1.0)
+
     def test_in_process_acting_decays_sigma_with_the_learner_step(self):
         """`initial_sigma` (DrQ-v2's schedule): the in-process actor acts each host call with
         the sigma of the call's first step, falling linearly to `sigma`; logged as `sigma`."""
