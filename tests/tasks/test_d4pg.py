@@ -174,6 +174,12 @@ class D4PGLearnerTest(TestCase):
         with self.assertRaisesRegex(xf.ConfigError, "D4PGTask.preactivation_penalty=-1.0 must be >= 0"):
             _task(preactivation_penalty=-1.0)
 
+        def linear_policy(observation_size, action_size):
+            inputs = keras.Input((observation_size,))
+            return keras.Model(inputs, keras.layers.Dense(action_size, name="plain")(inputs), name="linear")
+        with self.assertRaisesRegex(xf.ConfigError, "last layer is a tanh activation .* 'linear' ends in 'plain'"):
+            _Learner(1, policy_network=linear_policy, preactivation_penalty=0.01)
+
     def test_in_process_acting_decays_sigma_with_the_learner_step(self):
         """`initial_sigma` (DrQ-v2's schedule): the in-process actor acts each host call with
         the sigma of the call's first step, falling linearly to `sigma`; logged as `sigma`."""
