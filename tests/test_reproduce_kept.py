@@ -1,6 +1,6 @@
 """Finished runs kept beside the results page (expframe/reproduce/kept.py): a study of
 several hours spans checkouts, each restoring the runs finished in another and never
-running them again; a kept run of another configuration is not restored."""
+running them again; a kept run of another configuration is not restored, and is set aside."""
 
 import json
 import os
@@ -58,6 +58,12 @@ def test_finished_runs_are_kept_without_checkpoints_and_restored_in_another_chec
     assert kept.restore(STUDY, str(tmp_path / "c"), store, edited) == []
     assert kept.finished(store) == [{"run": NAMES[0], "step": 10, "eval": {"episode_return": 612.5},
                                      "wall_time_s": 600.0}]
+    # Before a study runs, its kept runs of another configuration are set aside: the page
+    # then lists none of them as finished; they stay under stale/ for reference.
+    assert kept.set_aside_stale(STUDY, store, TEXTS) == []
+    assert kept.set_aside_stale(STUDY, store, edited) == [NAMES[0]]
+    assert kept.finished(store) == []
+    assert runner.is_finished(os.path.join(store, kept.STALE, NAMES[0]), TEXTS[NAMES[0]])
 
 
 def test_sittings_kept_beside_the_page_carry_a_pending_study_to_another_checkout(tmp_path, monkeypatch):

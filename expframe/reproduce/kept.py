@@ -23,6 +23,7 @@ from expframe.sweep import runner
 from expframe.sweep.spec import Study
 
 RUNS = os.path.join("results", "runs")  # under the page's directory
+STALE = "stale"    # kept runs of an earlier configuration of the study
 FILES = ("config.gin", "operative_config.gin", "parsed_config.gin", "result.json", "metrics.jsonl")
 ATTEMPTS = "attempts.json"  # the sweep runner's logs/<run>.json: exit codes and wall times
 SITTINGS = "sittings.json"
@@ -83,6 +84,24 @@ def restore(study: Study, root: str, kept: str, texts: dict[str, str]) -> list[s
         os.replace(partial, model_dir)
         restored.append(run.name)
     return restored
+
+
+def set_aside_stale(study: Study, kept: str, texts: dict[str, str]) -> list[str]:
+    """Moves each kept run of `study` finished under another configuration (a gin file
+    edited since) to `kept/stale/<run>/`, so that the page lists only the runs of the
+    study as it is now; returns the names moved. The old runs stay there for reference
+    (and in the repository's history) until a later one of that name replaces them."""
+    moved = []
+    for run in study.runs():
+        src = os.path.join(kept, run.name)
+        if not os.path.isdir(src) or runner.is_finished(src, texts[run.name]):
+            continue
+        dest = os.path.join(kept, STALE, run.name)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.replace(src, dest)
+        moved.append(run.name)
+    return moved
 
 
 def finished(kept: str) -> list[dict]:

@@ -222,6 +222,8 @@ def run_sweep(study: spec.Study, root: str, parallel: int,
     os.makedirs(root, exist_ok=True)
     set_aside_stale(study, root, texts)
     if kept_dir:
+        for name in kept.set_aside_stale(study, kept_dir, texts):
+            say(f"{name}: the run kept in {kept_dir} is of an earlier configuration; moved to {kept.STALE}/")
         for name in kept.restore(study, root, kept_dir, texts):
             say(f"{name}: finished in an earlier sitting; restored from {kept_dir}")
 
@@ -239,7 +241,9 @@ def keep_finished(result, work: str, quick: bool, kept_dir: str) -> list[str]:
     """Keeps the runs of `result` finished in the work directory beside the page
     (`--page_only`: e.g. runs started by hand with the study's exact commands)."""
     study = study_for(result, quick)
-    return kept.keep(study, os.path.join(work, result.name), kept_dir, spec.validate(study))
+    texts = spec.validate(study)
+    kept.set_aside_stale(study, kept_dir, texts)
+    return kept.keep(study, os.path.join(work, result.name), kept_dir, texts)
 
 
 # -- benchmarks -------------------------------------------------------------------------------------
