@@ -100,10 +100,12 @@ FAMILIES = {f.name: f for f in (
                     "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "d4pg_policy.layer_sizes = (16,)",
                     "d4pg_critic.layer_sizes = (16,)", "d4pg_critic.num_atoms = 11", "D4PGTask.min_replay_size = 16",
                     "D4PGTask.samples_per_insert = 4.0", "D4PGTask.max_replay_size = 1000",
-                    "D4PGTask.eval_episodes = 1"),
+                    "D4PGTask.eval_episodes = 1", "D4PGTask.preactivation_penalty = 0.01",
+                    "D4PGTask.initial_sigma = 1.0", "D4PGTask.sigma_decay_steps = 10"),
            ("policy", "critic", "observation_network"),
            note="d4pg_pixels is experiments/d4pg_control_pixels.gin at 16x16 frames, 2 stacked, with a 2-layer "
-           "encoder of 4 filters: the rendered frames, the frame replay with its random shifts and the shared "
+           "encoder of 4 filters, with the study's exploration (HER's pre-activation penalty, DrQ-v2's "
+           "decaying sigma): the rendered frames, the frame replay with its random shifts and the shared "
            "encoder (trained by the critic's optimizer) take the same first updates on every CPU target and "
            "precision."),
     Family("vit_mesh", "experiments/vit_shapes_mesh.gin",
