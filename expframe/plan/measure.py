@@ -45,11 +45,22 @@ def _query(binding: str, default=None):
 
 
 def experiment_settings(gin_files: Sequence[str], gin_params: Sequence[str]) -> Dict:
-    """The experiment's own settings (as its gin files and bindings give them)."""
+    """The experiment's own settings (as its gin files and bindings give them); gin's
+    config is left empty, as found by a fresh process."""
     gin.clear_config()
-    config.parse(list(gin_files), list(gin_params))
-    text = gin.config_str()
-    settings = {
+    try:
+        config.parse(list(gin_files), list(gin_params))
+        settings = _settings(gin_files, gin.config_str())
+    finally:
+        gin.clear_config()
+    if not settings["global_batch_size"] or not settings["train_steps"]:
+        raise ConfigError(f"{', '.join(gin_files)}: binds no Trainer.global_batch_size or Trainer.train_steps; the "
+                          "planner plans a training run (pass them with --gin_param).")
+    return settings
+
+
+def _settings(gin_files: Sequence[str], text: str) -> Dict:
+    return {
         "target": _query("Replicator.target", "cpu"), "num_replicas": _query("Replicator.num_replicas"),
         "mesh_shape": _query("Replicator.mesh_shape"), "precision": _query("run_experiment.precision", "float32"),
         "global_batch_size": _query("Trainer.global_batch_size"), "train_steps": _query("Trainer.train_steps"),
@@ -57,10 +68,6 @@ def experiment_settings(gin_files: Sequence[str], gin_params: Sequence[str]) -> 
         "samples_per_insert": _query("D4PGTask.samples_per_insert"), "num_actors": _query("D4PGTask.num_actors", 0),
         "uses": [name for name in KNOWN_TRAIN_EXAMPLES if f"{name}." in text or f"@{name}" in text],
         "d4pg": "D4PGTask" in text, "gan": "GANTask." in text, "gin_files": list(gin_files)}
-    if not settings["global_batch_size"] or not settings["train_steps"]:
-        raise ConfigError(f"{', '.join(gin_files)}: binds no Trainer.global_batch_size or Trainer.train_steps; the "
-                          "planner plans a training run (pass them with --gin_param).")
-    return settings
 
 
 def _overrides(settings: Dict) -> List[str]:
@@ -207,7 +214,15 @@ def _sync_collectives(trackables: Dict) -> int:
 
 def footprint(gin_files: Sequence[str], gin_params: Sequence[str], settings: Dict,
               probe_batches: Sequence[int] = PROBE_BATCHES) -> Tuple[Footprint, Dict]:
-    """Measures the experiment's step: (Footprint, details) with the traces' raw numbers."""
+    """Measures the experiment's step: (Footprint, details) with the traces' raw numbers;
+    gin's config is left empty (the experiment was parsed with the planner's overrides)."""
+    try:
+        return _footprint(gin_files, gin_params, settings, probe_batches)
+    finally:
+        gin.clear_config()
+
+
+def _footprint(gin_files, gin_params, settings, probe_batches) -> Tuple[Footprint, Dict]:
     flops, activations, ops, details = [], [], 0, {"probe_batches": list(probe_batches)}
     for batch in probe_batches:
         replicator, task = _built(gin_files, gin_params, settings, batch)
