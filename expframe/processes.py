@@ -44,6 +44,7 @@ from typing import Callable, Deque, Dict, Iterable, List, Mapping, Optional, Seq
 
 GUARD_GRACE_S = 3.0
 TAIL_LINES = 200
+KILL_WAIT_S = 5.0  # the longest `Owner.stop` waits for SIGKILLed processes to be gone
 
 LineCallback = Callable[["Child", bytes], None]
 
@@ -322,6 +323,12 @@ class Owner:
             child.signal(SIGKILL)
         for child in targets:
             child.popen.wait()
+        # SIGKILL is not instant: a group's other members (a shell's `sleep`) could still be
+        # dying when its leader was reaped (seen on a loaded machine). Wait until they are.
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline and running():
+            time.sleep(0.01)
+        for child in targets:
             child.join_output()
             self._forget(child)
 

@@ -12,6 +12,7 @@ import time
 import gin
 import keras
 import numpy as np
+import pytest
 
 from expframe import config
 from expframe.models.d4pg import d4pg_policy
@@ -66,6 +67,9 @@ def _untrained_policy_return(episodes=10, seed=123):
                                          episodes)))
 
 
+@pytest.mark.slow  # learning to a threshold (about 70 s on 2 fast cores): the default suite's
+# time limit; test_distributed_experiment_smoke_run_on_two_replicas runs 2 actors there.
+@pytest.mark.timeout(900)
 def test_two_actor_processes_feed_the_learner_over_rpc_and_it_learns(tmp_path):
     model_dir = tmp_path / "run"
     started = time.time()

@@ -279,6 +279,8 @@ def test_quickstart(data_dir, tmp_path):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.slow  # the default suite's time limit: the row below runs the same file, its
+# learner's evaluation renderer and checkpoint with an actor process (and its renderer) too.
 @pytest.mark.timeout(900)
 def test_pixel_d4pg_in_process(tmp_path):
     model_dir = tmp_path / "run"

@@ -146,7 +146,8 @@ class ActorSubprocessTest(TestCase):
                 # One chunk may be in flight with the old weights; the next is acted with the new.
                 self.assertTrue(service.wait_for(200, timeout=30))
                 self.assertGreaterEqual(service.versions_used[7], version)
-                self.assertLessEqual(service.max_version_lag, 1)
+                # Versions are learner steps (`publish(step=...)`): that chunk is 1000 behind.
+                self.assertIn(service.max_version_lag, (0, version))
                 taken = service.take()
                 self.assertEqual(taken["observation"].shape[1:], (5,))
                 self.assertTrue(np.all(np.abs(taken["action"]) <= 1.0))
