@@ -312,22 +312,24 @@ class Owner:
                 child.signal(signum)
             if child.is_stopped():
                 child.signal(SIGKILL)
-        def running() -> List[Child]:  # one read of /proc for all of them
-            live = live_groups()
-            return [c for c in targets if c.alive() or c.pgid in live]
+        def running_after(seconds: float) -> List[Child]:
+            """Waits up to `seconds` for every target's group to end; returns those still
+            running (one read of /proc for all of them each time)."""
+            deadline = time.monotonic() + seconds
+            while True:
+                live = live_groups()
+                left = [c for c in targets if c.alive() or c.pgid in live]
+                if not left or time.monotonic() >= deadline:
+                    return left
+                time.sleep(0.02)
 
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and running():
-            time.sleep(0.02)
-        for child in running():
+        for child in running_after(grace_s):
             child.signal(SIGKILL)
         for child in targets:
             child.popen.wait()
         # SIGKILL is not instant: a group's other members (a shell's `sleep`) could still be
         # dying when its leader was reaped (seen on a loaded machine). Wait until they are.
-        deadline = time.monotonic() + KILL_WAIT_S
-        while time.monotonic() < deadline and running():
-            time.sleep(0.01)
+        running_after(KILL_WAIT_S)
         for child in targets:
             child.join_output()
             self._forget(child)
