@@ -82,6 +82,7 @@ class Experiment:
       baseline: also evaluate the untrained model (`expframe.reproduce.baseline`):
         thresholds relative to initialisation need it.
       seeds: one run per seed (`run_experiment.seed`).
+      parallel: seeds run at once (`python -m expframe.sweep --parallel`).
       quick_params: bindings that shrink it to seconds for `--set=quick`.
       test: the slow test that asserts the thresholds.
       minutes: expected wall time on 2 idle cores (progress lines only): for the learning
@@ -100,6 +101,7 @@ class Experiment:
     gin_params: tuple[str, ...] = ()
     baseline: bool = False
     seeds: tuple[int, ...] = (0,)
+    parallel: int = 1
     quick_params: tuple[str, ...] = ()
     test: str = ""
     minutes: float = 5.0
@@ -255,8 +257,10 @@ D4PG_PIXELS_100K = Experiment(
     title="D4PG from pixels on cartpole/swingup at 100,000 control steps (12,500 agent steps, 2 seeds)",
     gin_files=("experiments/d4pg_control_pixels_100k.gin",), metrics=("episode_return",),
     thresholds=(Threshold("episode_return", ">=", 200.0, over="random_policy_return"),), baseline=True,
-    seeds=(0, 1), quick_params=D4PG_PIXELS.quick_params,
-    test="tests/test_d4pg_pixels_experiments.py", minutes=140, readme="docs/d4pg.md#at-the-published-budget",
+    # Both seeds side by side: acting and learning alternate in one process, which leaves
+    # part of 2 cores idle (two 20,000-step runs side by side took 66-73 min each, one alone 78).
+    seeds=(0, 1), parallel=2, quick_params=D4PG_PIXELS.quick_params,
+    test="tests/test_d4pg_pixels_experiments.py", minutes=90, readme="docs/d4pg.md#at-the-published-budget",
     published=(("DrQ [K=2,M=2]", 759.0, "± 92", _DRQ), ("CURL", 582.0, "± 146", _CURL),
                ("pixel SAC", 419.0, "± 40", _CURL), ("SAC from state (not pixels)", 835.0, "± 22", _CURL)))
 

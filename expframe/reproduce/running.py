@@ -409,7 +409,7 @@ def _run_parts(result, work: str, quick: bool, command: str, parallel: int, root
                    complete=True)
     else:
         study = study_for(result, quick)
-        rows, commands = run_sweep(study, root, parallel if result.kind == "study" else 1, kept_dir)
+        rows, commands = run_sweep(study, root, parallel, kept_dir)
         if any(r["status"] == "stopped" for r in rows):  # Ctrl-C or SIGTERM: each run saved a checkpoint
             raise Stopped(f"{result.name} stopped; rerun the same command to resume it")
         rec.update(commands=[commands[r["run"]] for r in rows], runs=_public(rows),
