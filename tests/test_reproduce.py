@@ -232,6 +232,15 @@ def test_pixel_results_show_the_published_numbers_and_curves_against_control_ste
         page._study_curves(registry.get("d4pg_pixels_actors"), study, str(tmp_path / "c.png"))  # pylint: disable=protected-access
     assert drawn == [([9600.0, 11200.0, 12800.0], [100.0, 200.0, 300.0]), ([9600.0, 11200.0], [101.0, 201.0])]
     assert page._study_curves(registry.get("d4pg_pixels_actors"), dict(study, runs=[]), "x.png") is None  # pylint: disable=protected-access
+    # One colour per configuration, one line style per seed: 1 actor on 1 and on 2 replicas
+    # (one arm, two x values) are told apart; a second seed of one of them shares its colour.
+    done = dict(runs[0], status="ok")
+    configs = [dict(done, values={"num_actors": "1", "num_replicas": r, "seed": s}) for r, s in
+               (("1", "0"), ("2", "0"), ("1", "1"))]
+    styles = []
+    with mock.patch("matplotlib.axes.Axes.plot", side_effect=lambda x, y, *a, **k: styles.append((a[0], k["color"]))):
+        page._study_curves(registry.get("d4pg_pixels_actors"), dict(study, runs=configs), str(tmp_path / "d.png"))  # pylint: disable=protected-access
+    assert styles == [("-", "C0"), ("-", "C1"), ("--", "C0")]
 
 
 def test_results_of_earlier_sittings_without_records_here_keep_their_rows_and_sections(tmp_path):
@@ -312,6 +321,23 @@ def test_a_study_stopped_and_resumed_is_recorded_over_its_sittings(tmp_path, mon
                      section)
     ok, busy = quiet.quiet(rec)  # the second began at 2.5 on 2 cores (the first at 0.5 is quiet)
     assert ok is False and [b for b in busy if b.startswith("load")] == ["load 2.50 at the start on 2 cores"]
+
+
+def test_an_experiments_seeds_run_side_by_side_when_it_says_so(tmp_path, monkeypatch):
+    """The 100k-control-step file runs its 2 seeds at once (`Experiment.parallel`); an
+    experiment that says nothing runs its seeds one at a time."""
+    assert registry.get("d4pg_control_pixels_100k").parallel == 2 and registry.get("quickstart").parallel == 1
+    asked = []
+
+    def sweep(study, root, parallel, kept_dir=None):
+        asked.append((len(study.runs()), parallel))
+        return [{"run": r.name, "status": "stopped"} for r in study.runs()], {}
+    monkeypatch.setattr(running, "run_sweep", sweep)
+    for name in ("d4pg_control_pixels_100k", "quickstart"):
+        with pytest.raises(running.Stopped):
+            running.run(registry.get(name), str(tmp_path / name), False, "python -m expframe.reproduce",
+                        parallel=registry.get(name).parallel)
+    assert asked == [(2, 2), (1, 1)]
 
 
 def _judged(cores=2, start=(0.5,), end=0.5, other=0.03):

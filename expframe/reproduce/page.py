@@ -239,11 +239,12 @@ def _study_plot(result: registry.StudyResult, arms: dict, path: str) -> str:
 
 def _study_curves(result: registry.StudyResult, rec: dict, path: str) -> Optional[str]:
     """Each run's eval metrics against `result.curves` (train metric x scale, interpolated at
-    the eval steps), colour by arm, line style by seed; None when no run has logged both."""
+    the eval steps), colour by configuration (the run's values but its seed: an arm swept over
+    `x` has one colour per x), line style by seed; None when no run has logged both."""
     x_metric, scale, label = result.curves
     fig = Figure(figsize=(6.4 * len(result.metrics), 4.0), layout="constrained")
     axes = fig.subplots(1, len(result.metrics), squeeze=False)[0]
-    drawn = False
+    drawn, colours = False, {}
     for run in rec["runs"]:
         model_dir = run.get("model_dir")
         if not model_dir or not os.path.isfile(os.path.join(model_dir, plot.METRICS_FILE)):
@@ -253,7 +254,8 @@ def _study_curves(result: registry.StudyResult, rec: dict, path: str) -> Optiona
                        if r["split"] == "train" and isinstance(r.get(x_metric), (int, float)))
         if not known:
             continue
-        arm = next((i for i, (_, member) in enumerate(result.arms) if member(run["values"])), len(result.arms))
+        config = tuple((k, v) for k, v in run["values"].items() if k != "seed")
+        colour = colours.setdefault(config, f"C{len(colours)}")
         name = ", ".join(f"{k} {v}" for k, v in run["values"].items())
         style = ("-", "--", ":", "-.")[int(run["values"].get("seed", 0)) % 4]
         for ax, metric in zip(axes, result.metrics, strict=True):
@@ -261,7 +263,7 @@ def _study_curves(result: registry.StudyResult, rec: dict, path: str) -> Optiona
                             if r["split"] == "eval" and isinstance(r.get(metric), (int, float)))
             if points:
                 xs = np.interp([p[0] for p in points], [k[0] for k in known], [k[1] for k in known]) * scale
-                ax.plot(xs, [p[1] for p in points], style, marker="o", markersize=3, color=f"C{arm}", label=name)
+                ax.plot(xs, [p[1] for p in points], style, marker="o", markersize=3, color=colour, label=name)
                 drawn = True
     if not drawn:
         return None
@@ -271,7 +273,7 @@ def _study_curves(result: registry.StudyResult, rec: dict, path: str) -> Optiona
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize="x-small")
-    fig.suptitle(f"{result.name}: colour = arm, line style = seed", fontsize="medium")
+    fig.suptitle(f"{result.name}: colour = configuration, line style = seed", fontsize="medium")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, format="png", dpi=100)
     return path
