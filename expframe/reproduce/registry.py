@@ -259,8 +259,10 @@ D4PG_PIXELS_100K = Experiment(
     thresholds=(Threshold("episode_return", ">=", 200.0, over="random_policy_return"),), baseline=True,
     # Both seeds side by side: acting and learning alternate in one process, which leaves
     # part of 2 cores idle (two 20,000-step runs side by side took 66-73 min each, one alone 78).
+    # Measured: 91.8 min side by side on an AMD EPYC (2026-12-04), 125.5 one after the other
+    # on an Intel Xeon (2026-12-02).
     seeds=(0, 1), parallel=2, quick_params=D4PG_PIXELS.quick_params,
-    test="tests/test_d4pg_pixels_experiments.py", minutes=90, readme="docs/d4pg.md#at-the-published-budget",
+    test="tests/test_d4pg_pixels_experiments.py", minutes=125, readme="docs/d4pg.md#at-the-published-budget",
     published=(("DrQ [K=2,M=2]", 759.0, "± 92", _DRQ), ("CURL", 582.0, "± 146", _CURL),
                ("pixel SAC", 419.0, "± 40", _CURL), ("SAC from state (not pixels)", 835.0, "± 22", _CURL)))
 

@@ -134,7 +134,7 @@ class D4PGPixelsTest(TestCase):
     def test_an_actor_process_acts_with_the_learners_encoder_and_policy(self):
         """Issue 33, end to end: an actor process (its own TensorFlow, encoder, policy and render
         worker, configured from the learner's gin config) acts as the learner's networks do.
-        With exploration off (sigma 0) and the weights fixed (rates 0, so every weight version
+        With exploration off (sigma 0, no decaying noise) and the weights fixed (rates 0, so every weight version
         is the same), each action in the frame replay is the learner's
         policy(encoder(stack)) of the observation it was taken in."""
         from expframe import config  # pylint: disable=import-outside-toplevel
@@ -143,6 +143,7 @@ class D4PGPixelsTest(TestCase):
             "drq_encoder.num_filters = 4", "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8",
             "d4pg_policy.layer_sizes = (16,)", "d4pg_critic.layer_sizes = (16,)", "D4PGTask.min_replay_size = 60",
             "D4PGTask.max_replay_size = 500", "D4PGTask.num_actors = 1", "D4PGTask.actor_sigmas = (0.0,)",
+            "D4PGTask.initial_sigma = None",  # the file's noise decays from 1.0 to each actor's sigma
             "D4PGTask.weights_every = 10", "actor/keras.optimizers.Adam.learning_rate = 0.0",
             "critic/keras.optimizers.Adam.learning_rate = 0.0"])
         rep = xf.Replicator("cpu", 1)
