@@ -241,6 +241,19 @@ def test_pixel_results_show_the_published_numbers_and_curves_against_control_ste
     with mock.patch("matplotlib.axes.Axes.plot", side_effect=lambda x, y, *a, **k: styles.append((a[0], k["color"]))):
         page._study_curves(registry.get("d4pg_pixels_actors"), dict(study, runs=configs), str(tmp_path / "d.png"))  # pylint: disable=protected-access
     assert styles == [("-", "C0"), ("-", "C1"), ("--", "C0")]
+    # A study that varies an experiment draws that experiment's kept runs beside its own, in
+    # grey, one line style per seed, from the kept folder of the page being written.
+    batch = registry.get("d4pg_pixels_100k_batch")
+    assert batch.beside == "d4pg_control_pixels_100k" and batch.beside in [r.name for r in registry.ALL]
+    for seed in (0, 1):
+        run_dir = tmp_path / "docs" / "results" / "runs" / batch.beside / f"seed={seed}"
+        run_dir.mkdir(parents=True)
+        shutil.copyfile(tmp_path / "num_actors=0,seed=0" / "metrics.jsonl", run_dir / "metrics.jsonl")
+        (run_dir / "result.json").write_text(json.dumps({"step": 300, "eval": {"episode_return": 300.0}}))
+    styles.clear()
+    with mock.patch("matplotlib.axes.Axes.plot", side_effect=lambda x, y, *a, **k: styles.append((a[0], k["color"]))):
+        page._study_curves(batch, dict(study, runs=configs[:1]), str(tmp_path / "e.png"), out)  # pylint: disable=protected-access
+    assert styles == [("-", "C0"), ("-", "0.55"), ("--", "0.55")]
 
 
 def test_results_of_earlier_sittings_without_records_here_keep_their_rows_and_sections(tmp_path):

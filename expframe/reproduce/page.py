@@ -237,16 +237,29 @@ def _study_plot(result: registry.StudyResult, arms: dict, path: str) -> str:
     return path
 
 
-def _study_curves(result: registry.StudyResult, rec: dict, path: str) -> Optional[str]:
+def _beside_runs(result: registry.StudyResult, out_dir: str) -> list[tuple[dict, str]]:
+    """(values, model_dir) of the kept runs of `result.beside` (a registered result the
+    study varies), values labelled with its name and the run's seed."""
+    if not result.beside:
+        return []
+    folder, runs = kept.folder(out_dir, result.beside), []
+    for run in kept.finished(folder):
+        seed = dict(part.split("=", 1) for part in run["run"].split(",") if "=" in part).get("seed", "0")
+        runs.append(({"as shipped": result.beside, "seed": seed}, os.path.join(folder, run["run"])))
+    return runs
+
+
+def _study_curves(result: registry.StudyResult, rec: dict, path: str, out_dir: str = "") -> Optional[str]:
     """Each run's eval metrics against `result.curves` (train metric x scale, interpolated at
     the eval steps), colour by configuration (the run's values but its seed: an arm swept over
-    `x` has one colour per x), line style by seed; None when no run has logged both."""
+    `x` has one colour per x), line style by seed, and the kept runs of `result.beside` (grey)
+    for comparison; None when no run has logged both."""
     x_metric, scale, label = result.curves
     fig = Figure(figsize=(6.4 * len(result.metrics), 4.0), layout="constrained")
     axes = fig.subplots(1, len(result.metrics), squeeze=False)[0]
     drawn, colours = False, {}
-    for run in rec["runs"]:
-        model_dir = run.get("model_dir")
+    runs = [(run["values"], run.get("model_dir")) for run in rec["runs"]] + _beside_runs(result, out_dir)
+    for values, model_dir in runs:
         if not model_dir or not os.path.isfile(os.path.join(model_dir, plot.METRICS_FILE)):
             continue
         records = plot.read_metrics(model_dir)
@@ -254,10 +267,10 @@ def _study_curves(result: registry.StudyResult, rec: dict, path: str) -> Optiona
                        if r["split"] == "train" and isinstance(r.get(x_metric), (int, float)))
         if not known:
             continue
-        config = tuple((k, v) for k, v in run["values"].items() if k != "seed")
-        colour = colours.setdefault(config, f"C{len(colours)}")
-        name = ", ".join(f"{k} {v}" for k, v in run["values"].items())
-        style = ("-", "--", ":", "-.")[int(run["values"].get("seed", 0)) % 4]
+        config = tuple((k, v) for k, v in values.items() if k != "seed")
+        colour = "0.55" if "as shipped" in values else colours.setdefault(config, f"C{len(colours)}")
+        name = ", ".join(f"{k} {v}" for k, v in values.items())
+        style = ("-", "--", ":", "-.")[int(values.get("seed", 0)) % 4]
         for ax, metric in zip(axes, result.metrics, strict=True):
             points = sorted((r["step"], float(r[metric])) for r in records
                             if r["split"] == "eval" and isinstance(r.get(metric), (int, float)))
@@ -328,9 +341,12 @@ def _study(result: registry.StudyResult, rec: dict, images: str, out_dir: str) -
         lines += ["", f"Smallest against largest {result.x}:", ""] + trend
     _study_plot(result, arms, os.path.join(out_dir, IMAGES, f"{result.name}.png"))
     lines += ["", f"![{result.name}]({images}/{result.name}.png)"]
-    if result.curves and _study_curves(result, rec, os.path.join(out_dir, IMAGES, f"{result.name}_curves.png")):
+    if result.curves and _study_curves(result, rec, os.path.join(out_dir, IMAGES, f"{result.name}_curves.png"),
+                                       out_dir):
+        beside = (f"; grey: the kept runs of [{result.beside}](#{result.beside}), as shipped, for comparison"
+                  if _beside_runs(result, out_dir) else "")
         lines += ["", f"Eval {', '.join(result.metrics)} against {result.curves[2]}, one line per run (the "
-                  "unfinished ones too, as far as they got):", "",
+                  f"unfinished ones too, as far as they got){beside}:", "",
                   f"![{result.name} curves]({images}/{result.name}_curves.png)"]
     lines += ["", "Commands (one `main.py` run each; "
               f"together `python -m expframe.sweep --study={result.study_file}`):", ""]
