@@ -252,7 +252,8 @@ def test_pixel_results_show_the_published_numbers_and_curves_against_control_ste
         (run_dir / "result.json").write_text(json.dumps({"step": 300, "eval": {"episode_return": 300.0}}))
     styles.clear()
     with mock.patch("matplotlib.axes.Axes.plot", side_effect=lambda x, y, *a, **k: styles.append((a[0], k["color"]))):
-        page._study_curves(batch, dict(study, runs=configs[:1]), str(tmp_path / "e.png"), out)  # pylint: disable=protected-access
+        page._study_curves(batch, dict(study, runs=configs[:1]), str(tmp_path / "e.png"),
+                          page._beside_runs(batch, out))  # pylint: disable=protected-access
     assert styles == [("-", "C0"), ("-", "0.55"), ("--", "0.55")]
 
 

@@ -249,17 +249,19 @@ def _beside_runs(result: registry.StudyResult, out_dir: str) -> list[tuple[dict,
     return runs
 
 
-def _study_curves(result: registry.StudyResult, rec: dict, path: str, out_dir: str = "") -> Optional[str]:
+def _study_curves(result: registry.StudyResult, rec: dict, path: str,
+                  beside: Sequence[tuple[dict, str]] = ()) -> Optional[str]:
     """Each run's eval metrics against `result.curves` (train metric x scale, interpolated at
     the eval steps), colour by configuration (the run's values but its seed: an arm swept over
-    `x` has one colour per x), line style by seed, and the kept runs of `result.beside` (grey)
-    for comparison; None when no run has logged both."""
+    `x` has one colour per x), line style by seed, and `beside` ((values, model_dir) from
+    `_beside_runs`) in grey for comparison; None when no run has logged both."""
     x_metric, scale, label = result.curves
     fig = Figure(figsize=(6.4 * len(result.metrics), 4.0), layout="constrained")
     axes = fig.subplots(1, len(result.metrics), squeeze=False)[0]
     drawn, colours = False, {}
-    runs = [(run["values"], run.get("model_dir")) for run in rec["runs"]] + _beside_runs(result, out_dir)
-    for values, model_dir in runs:
+    runs = [(run["values"], run.get("model_dir"), None) for run in rec["runs"]]
+    runs += [(values, model_dir, "0.55") for values, model_dir in beside]
+    for values, model_dir, grey in runs:
         if not model_dir or not os.path.isfile(os.path.join(model_dir, plot.METRICS_FILE)):
             continue
         records = plot.read_metrics(model_dir)
@@ -268,7 +270,7 @@ def _study_curves(result: registry.StudyResult, rec: dict, path: str, out_dir: s
         if not known:
             continue
         config = tuple((k, v) for k, v in values.items() if k != "seed")
-        colour = "0.55" if "as shipped" in values else colours.setdefault(config, f"C{len(colours)}")
+        colour = grey or colours.setdefault(config, f"C{len(colours)}")
         name = ", ".join(f"{k} {v}" for k, v in values.items())
         style = ("-", "--", ":", "-.")[int(values.get("seed", 0)) % 4]
         for ax, metric in zip(axes, result.metrics, strict=True):
@@ -341,12 +343,13 @@ def _study(result: registry.StudyResult, rec: dict, images: str, out_dir: str) -
         lines += ["", f"Smallest against largest {result.x}:", ""] + trend
     _study_plot(result, arms, os.path.join(out_dir, IMAGES, f"{result.name}.png"))
     lines += ["", f"![{result.name}]({images}/{result.name}.png)"]
+    beside = _beside_runs(result, out_dir)
     if result.curves and _study_curves(result, rec, os.path.join(out_dir, IMAGES, f"{result.name}_curves.png"),
-                                       out_dir):
-        beside = (f"; grey: the kept runs of [{result.beside}](#{result.beside}), as shipped, for comparison"
-                  if _beside_runs(result, out_dir) else "")
+                                       beside):
+        grey = (f"; grey: the kept runs of [{result.beside}](#{result.beside}), as shipped, for comparison"
+                if beside else "")
         lines += ["", f"Eval {', '.join(result.metrics)} against {result.curves[2]}, one line per run (the "
-                  f"unfinished ones too, as far as they got){beside}:", "",
+                  f"unfinished ones too, as far as they got){grey}:", "",
                   f"![{result.name} curves]({images}/{result.name}_curves.png)"]
     lines += ["", "Commands (one `main.py` run each; "
               f"together `python -m expframe.sweep --study={result.study_file}`):", ""]
