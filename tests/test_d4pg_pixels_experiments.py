@@ -23,6 +23,7 @@ from expframe.reproduce import registry
 from tests import main_runner as mr
 
 PIXELS = "experiments/d4pg_control_pixels.gin"
+ACTORS = "experiments/d4pg_control_pixels_actors.gin"  # the paper's arrangement at PIXELS's budget
 BUDGET = "experiments/d4pg_control_pixels_100k.gin"  # the published 100k-control-step axis
 PAPER = ("experiments/d4pg_walker_walk_pixels.gin", "experiments/d4pg_cheetah_run_pixels.gin")
 # Seconds instead of minutes: 16x16 frames, episodes of 40 steps, a tiny encoder and networks,
@@ -35,7 +36,7 @@ SMALL = ("control_suite.size = 16", "control_suite.action_repeat = 25", "control
          "D4PGTask.max_replay_size = 2000", "D4PGTask.samples_per_insert = 4.0", "D4PGTask.eval_episodes = 1")
 
 
-@pytest.mark.parametrize("gin_file", (PIXELS, BUDGET) + PAPER)
+@pytest.mark.parametrize("gin_file", (PIXELS, ACTORS, BUDGET) + PAPER)
 def test_the_experiments_bind_pixels_and_the_shared_encoder(gin_file, monkeypatch):
     monkeypatch.chdir(mr.ROOT)
     config.parse([gin_file], [])
@@ -44,7 +45,7 @@ def test_the_experiments_bind_pixels_and_the_shared_encoder(gin_file, monkeypatc
         assert gin.query_parameter("control_suite.frame_stack") == 3
         assert gin.query_parameter("D4PGTask.observation_network").selector == "drq_encoder"
         # DrQ's 32 filters at the paper's scale; 16 on 2 CPU cores.
-        assert gin.query_parameter("drq_encoder.num_filters") == (16 if gin_file == PIXELS else 32)
+        assert gin.query_parameter("drq_encoder.num_filters") == (16 if gin_file in (PIXELS, ACTORS) else 32)
         if gin_file == BUDGET:
             # DrQ's and CURL's axis: 100,000 control steps, one update per agent step, 84x84.
             agent_steps = (gin.query_parameter("D4PGTask.min_replay_size") + gin.query_parameter("Trainer.train_steps")
@@ -113,6 +114,38 @@ def test_a_paper_scale_pixel_file_starts_all_its_actors_on_a_small_machine(gin_f
     assert rows and all(r["actors_alive"] == 32 and r["actor_restarts"] == 0 for r in rows), rows[-1:]
     print(f"{gin_file}: 32 actors in 4 processes ready after {min(ready.values()):.0f}-"
           f"{max(ready.values()):.0f} s of start-up on {os.cpu_count()} cores; learner at step {rows[-1]['step']}")
+
+
+def test_the_actor_file_is_the_study_arm_whose_results_it_reports(monkeypatch):
+    """d4pg_control_pixels_actors.gin quotes the 2-replica actor arm of the actor study as its
+    measured result: it must parse to exactly that arm's configuration (the text main.py
+    writes to parsed_config.gin, which the sweep runner compares)."""
+    from expframe.sweep import spec  # pylint: disable=import-outside-toplevel
+    monkeypatch.chdir(mr.ROOT)
+    arm = spec.validate(spec.build_study("experiments/studies/d4pg_pixels_actors.gin"))[
+        "num_actors=1,num_replicas=2,seed=1"]
+    try:
+        config.parse([ACTORS], ["run_experiment.seed = 1"])
+        assert gin.config_str() == arm
+    finally:
+        gin.clear_config()
+
+
+@pytest.mark.timeout(600)
+def test_the_actor_file_runs_shrunk_with_its_actor_and_2_replicas(tmp_path):
+    """The paper's arrangement as shipped (an actor process, 2 learner replicas, the weight
+    lag bound), shrunk to 16x16 frames: exit 0, every transition after the seed data acted
+    with weights at most max_weight_lag (20) learner steps old, no process left."""
+    model_dir = tmp_path / "run"
+    done = mr.run([ACTORS], model_dir, tmp_path, SMALL + ("Trainer.train_steps = 6",), timeout=540)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    operative = (model_dir / "operative_config.gin").read_text()
+    assert "D4PGTask.num_actors = 1" in operative and "Replicator.num_replicas = 2" in operative
+    assert "D4PGTask.max_weight_lag = 20" in operative
+    last = mr.metrics(model_dir, "train")[-1]
+    assert last["step"] == 6 and last["actors_alive"] == 1 and np.isfinite(last["loss"]), last
+    assert last["weight_lag_33plus"] == 0 and last["weight_lag_mean"] <= 20, last
+    assert sum(v for k, v in last.items() if k.startswith("weight_lag_") and k != "weight_lag_mean") > 0, last
 
 
 def test_no_working_renderer_exits_2_with_one_line_and_writes_nothing(tmp_path):
