@@ -439,10 +439,11 @@ D4PG_PIXELS_ACTORS = StudyResult(
     quick_params=tuple(p for p in D4PG_PIXELS.quick_params if not p.startswith("Replicator.num_replicas")),
     quick_zips=("D4PGTask.num_actors=[0]", "Replicator.num_replicas=[1]"),
     quick_sweeps=("run_experiment.seed=[0]",),
-    # 9 runs, 3 side by side (one per arm): alone on an AMD EPYC (2 cores) the in-process arm
-    # took about 59 min and the actor arms 25-40 min; seeds 0 and 1 are kept beside the page,
-    # so a sitting from those runs only seed 2's three (measured below, docs/d4pg.md).
-    parallel=3, minutes=100, readme="docs/d4pg.md#actor-processes-against-in-process-acting-study",
+    # 9 runs, one per arm side by side (capped at the cores: 2 at a time on 2 cores). Seed 2's
+    # three took 64.5 min that way on an AMD EPYC (2026-12-05: 54.8 min in-process beside
+    # 34.4 and then 29.1 with an actor process); seeds 0 and 1 (hand-started sittings, 25-73
+    # min each) are kept beside the page. From nothing: about 3 sittings of that.
+    parallel=3, minutes=200, readme="docs/d4pg.md#actor-processes-against-in-process-acting-study",
     curves=("env_steps", 8.0, "control steps (agent steps x action repeat 8)"))
 
 D4PG_PIXELS_100K_BATCH = StudyResult(
