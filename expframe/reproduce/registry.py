@@ -258,11 +258,12 @@ D4PG_PIXELS_ACTORS_FILE = Experiment(
     gin_files=("experiments/d4pg_control_pixels_actors.gin",), metrics=("episode_return",),
     thresholds=D4PG_PIXELS.thresholds, baseline=True,
     # Both seeds side by side: each is a learner, an actor process and its render worker on
-    # the same 2 cores. The study's arm of this file took 29-35 min a seed beside one other run.
+    # the same 2 cores. Measured: 50.1 min for both on an AMD EPYC (2026-12-06; main.py 47.3
+    # min each); the study's arm of this file took 29-35 min a seed beside one other run.
     seeds=(0, 1), parallel=2,
     quick_params=tuple(p for p in D4PG_PIXELS.quick_params if not p.startswith("Replicator.num_replicas"))
     + ("D4PGTask.weights_every = 10",),
-    test="tests/test_d4pg_pixels_experiments.py", minutes=45, readme="docs/d4pg.md#d4pg-from-pixels")
+    test="tests/test_d4pg_pixels_experiments.py", minutes=50, readme="docs/d4pg.md#d4pg-from-pixels")
 
 # Published pixel agents on cartpole/swingup at 100,000 control steps (mean ± std, 10 seeds).
 _DRQ = "Kostrikov et al., arXiv 2004.13649 (ICLR 2021), Table 1"
