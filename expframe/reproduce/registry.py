@@ -251,6 +251,9 @@ D4PG_PIXELS = Experiment(
         "D4PGTask.max_replay_size = 2000", "control_suite.action_repeat = 25"),
     test="tests/test_d4pg_pixels_experiments.py", minutes=80, readme="docs/d4pg.md#d4pg-from-pixels")
 
+# D4PG_PIXELS's tiny variant without its replica count, for the files and studies that set their own.
+_PIXELS_TINY_OWN_REPLICAS = tuple(p for p in D4PG_PIXELS.quick_params if not p.startswith("Replicator.num_replicas"))
+
 D4PG_PIXELS_ACTORS_FILE = Experiment(
     name="d4pg_control_pixels_actors",
     title="D4PG from pixels as the paper ran it: 1 actor process feeding 2 learner replicas (cartpole/swingup, "
@@ -261,8 +264,7 @@ D4PG_PIXELS_ACTORS_FILE = Experiment(
     # the same 2 cores. Measured: 50.1 min for both on an AMD EPYC (2026-12-06; main.py 47.3
     # min each); the study's arm of this file took 29-35 min a seed beside one other run.
     seeds=(0, 1), parallel=2,
-    quick_params=tuple(p for p in D4PG_PIXELS.quick_params if not p.startswith("Replicator.num_replicas"))
-    + ("D4PGTask.weights_every = 10",),
+    quick_params=_PIXELS_TINY_OWN_REPLICAS + ("D4PGTask.weights_every = 10",),
     test="tests/test_d4pg_pixels_experiments.py", minutes=50, readme="docs/d4pg.md#d4pg-from-pixels")
 
 # Published pixel agents on cartpole/swingup at 100,000 control steps (mean ± std, 10 seeds).
@@ -451,7 +453,7 @@ D4PG_PIXELS_ACTORS = StudyResult(
     study_file="experiments/studies/d4pg_pixels_actors.gin", x="num_replicas", metrics=("episode_return",),
     arms=(("in the learner's process", lambda values: int(values["num_actors"]) == 0),
           ("1 actor process (weights every 20 env steps)", lambda values: int(values["num_actors"]) == 1)),
-    quick_params=tuple(p for p in D4PG_PIXELS.quick_params if not p.startswith("Replicator.num_replicas")),
+    quick_params=_PIXELS_TINY_OWN_REPLICAS,
     quick_zips=("D4PGTask.num_actors=[0]", "Replicator.num_replicas=[1]"),
     quick_sweeps=("run_experiment.seed=[0]",),
     # 9 runs, one per arm side by side (capped at the cores: 2 at a time on 2 cores). Seed 2's
