@@ -1,4 +1,5 @@
-"""The results table of a study: `summary.csv` and `summary.md` at its root.
+"""The results table of a study: `summary.csv` and `summary.md` at its root (and, from
+the same rows, the study in TensorBoard's HParams dashboard: expframe/sweep/hparams.py).
 
 One row per run, read from the files every run writes (DESIGN.md, Run outputs) and
 the study's own record of each attempt (`logs/<name>.json`):
@@ -30,6 +31,7 @@ import statistics
 from typing import Mapping, Optional, Sequence
 
 from expframe.atomic_files import write_text
+from expframe.sweep import hparams
 from expframe.sweep.runner import LOGS, is_stale, read_record
 from expframe.sweep.spec import Study
 
@@ -194,7 +196,8 @@ def markdown(rows: Sequence[dict], cols: Sequence[str], title: str, command: str
 
 def write_summary(study: Study, root: str, command: str = "",
                   config_texts: Optional[Mapping[str, str]] = None) -> list[dict]:
-    """Writes `<root>/summary.csv` and `<root>/summary.md` (`collect`'s rows); returns the rows."""
+    """Writes `<root>/summary.csv` and `<root>/summary.md` (`collect`'s rows) and the
+    study's TensorBoard HParams summaries (`hparams.write_hparams`); returns the rows."""
     rows = collect(study, root, config_texts)
     cols = columns(rows, study)
     table = io.StringIO(newline="")
@@ -204,4 +207,5 @@ def write_summary(study: Study, root: str, command: str = "",
         writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in cols})
     write_text(os.path.join(root, CSV), table.getvalue(), make_dirs=True)
     write_text(os.path.join(root, MARKDOWN), markdown(rows, cols, study.name, command))
+    hparams.write_hparams(study, root, rows)
     return rows
