@@ -89,28 +89,7 @@ class Checkpointer:
 
     def _read(self, path: str) -> Optional[str]:
         """Restores `path`; returns None, or why it could not be read (one line)."""
-        mismatch = shape_mismatches(self.checkpoint, path)
-        if mismatch:
-            name, saved, now = mismatch[0]
-            more = f" (and {len(mismatch) - 1} more variable(s))" if len(mismatch) > 1 else ""
-            raise ConfigError(
-                f"the checkpoint {path} does not fit this experiment's model: {name} has shape {saved} in the "
-                f"checkpoint and {now} in the model{more}; resume with the config it was written with, or use a "
-                "new --model_dir.")
-        try:
-            status = self.checkpoint.restore(path)
-            status.expect_partial()  # what does not match is reported below, not in warnings at exit
-            status.assert_existing_objects_matched()
-        except Exception as e:  # noqa: BLE001  (any failure to read is reported, never taken for none)
-            text = str(e)
-            if "not found in checkpoint" in text or "Unresolved object" in text:
-                raise ConfigError(
-                    f"the checkpoint {path} does not match this experiment's model "
-                    "(use a new --model_dir, or the config it was written with).") from None
-            text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text).strip().splitlines()
-            first = text[0] if text else "no message"
-            return f"{type(e).__name__}: {first if len(first) <= 160 else first[:157] + '...'}"
-        return None
+        return read_checkpoint(self.checkpoint, path)
 
     def _unreadable(self, failures: List[str]) -> RunError:
         return RunError(
@@ -150,6 +129,38 @@ class Checkpointer:
             print(f"expframe: {worker} restored step {target}, the newest that every worker reads "
                   f"(it had read step {step})", flush=True)
         return target
+
+
+def read_checkpoint(checkpoint: tf.train.Checkpoint, path: str) -> Optional[str]:
+    """Restores the checkpoint at `path` (a prefix) into `checkpoint`'s objects; returns
+    None, or why it could not be read (one line). Entries of the file that `checkpoint`
+    does not hold (e.g. the data position, for an evaluator) are ignored.
+
+    Raises:
+      ConfigError: the checkpoint holds another model (a different config).
+    """
+    mismatch = shape_mismatches(checkpoint, path)
+    if mismatch:
+        name, saved, now = mismatch[0]
+        more = f" (and {len(mismatch) - 1} more variable(s))" if len(mismatch) > 1 else ""
+        raise ConfigError(
+            f"the checkpoint {path} does not fit this experiment's model: {name} has shape {saved} in the "
+            f"checkpoint and {now} in the model{more}; resume with the config it was written with, or use a "
+            "new --model_dir.")
+    try:
+        status = checkpoint.restore(path)
+        status.expect_partial()  # what does not match is reported below, not in warnings at exit
+        status.assert_existing_objects_matched()
+    except Exception as e:  # noqa: BLE001  (any failure to read is reported, never taken for none)
+        text = str(e)
+        if "not found in checkpoint" in text or "Unresolved object" in text:
+            raise ConfigError(
+                f"the checkpoint {path} does not match this experiment's model "
+                "(use a new --model_dir, or the config it was written with).") from None
+        text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text).strip().splitlines()
+        first = text[0] if text else "no message"
+        return f"{type(e).__name__}: {first if len(first) <= 160 else first[:157] + '...'}"
+    return None
 
 
 def shape_mismatches(checkpoint: tf.train.Checkpoint, path: str) -> List[Tuple[str, tuple, tuple]]:

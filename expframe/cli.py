@@ -24,7 +24,18 @@ flags.DEFINE_multi_string("gin_search_path", [], "Folder(s) searched for gin fil
                           "modules that gin files import, after the gin file's own folder (repeatable; also "
                           "$EXPFRAME_GIN_PATH, then PYTHONPATH).")
 flags.DEFINE_string("model_dir", None, "Where the run writes and resumes from (default: runs/<experiment>).")
-flags.DEFINE_enum("mode", "train_and_eval", ["train", "eval", "train_and_eval"], "What to run.")
+flags.DEFINE_enum("mode", "train_and_eval", ["train", "eval", "train_and_eval", "continuous_eval", "export"],
+                  "What to run: train (and evaluate: train_and_eval); evaluate a checkpoint (eval); evaluate each "
+                  "new checkpoint as a trainer writes it (continuous_eval); write a SavedModel (export). See "
+                  "docs/after_training.md.")
+flags.DEFINE_string("checkpoint", "latest", "For --mode=eval and export: which checkpoint: latest, best (kept by "
+                    "Trainer.best_checkpoint) or a step.")
+flags.DEFINE_string("export_dir", None, "For --mode=export: where the SavedModel goes (default "
+                    "<model_dir>/export/step_<N>); it must not exist yet.")
+flags.DEFINE_enum("export_precision", "float32", ["float32", "mixed_bfloat16", "mixed_float16"],
+                  "For --mode=export: the precision the exported model computes in.")
+flags.DEFINE_float("eval_timeout_s", 3600.0, "For --mode=continuous_eval: stop after this many seconds without "
+                   "a new checkpoint.")
 flags.DEFINE_bool("allow_config_change", False, "Resume even if this run's configuration differs from the one "
                   "the model_dir was run with (model_dir/parsed_config.gin: what the gin files and bindings "
                   "parse to).")
@@ -124,8 +135,10 @@ def _run(argv) -> int:
             return 0
         model_dir = FLAGS.model_dir or os.path.join(
             "runs", os.path.splitext(os.path.basename(FLAGS.gin_file[0]))[0])
-        result = experiment.run_experiment(model_dir=model_dir, mode=FLAGS.mode, config_text=text,
-                                           allow_config_change=FLAGS.allow_config_change, dry_run=FLAGS.dry_run)
+        result = experiment.run_experiment(
+            model_dir=model_dir, mode=FLAGS.mode, config_text=text, allow_config_change=FLAGS.allow_config_change,
+            dry_run=FLAGS.dry_run, checkpoint=FLAGS.checkpoint, export_dir=FLAGS.export_dir,
+            export_precision=FLAGS.export_precision, eval_timeout_s=FLAGS.eval_timeout_s)
     except (errors.ConfigError, errors.RunError) as e:
         print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         if isinstance(e, errors.WorkerLostError):  # TensorFlow's teardown would wait for the lost peer

@@ -28,19 +28,32 @@ class Evaluator:
         self.global_batch_size = global_batch_size
         self.eval_steps = eval_steps
         self._asynchronous = replicator.coordinator is not None
+        self.step = 0  # the step being evaluated (see `evaluate`)
         # Takes a plain iterator, so a new evaluation's iterator does not retrace it.
         self._eval_step = tf.function(self._eval_body)
 
     def run(self, out, step: int) -> Dict[str, float]:
         """Evaluates at `step`: logs the metrics and the chief writes the task's artefacts."""
-        metrics = self.task.evaluate(self)
+        metrics = self.evaluate(step)
+        self.record(out, step, metrics)
+        return metrics
+
+    def evaluate(self, step: int) -> Dict[str, float]:
+        """The task's metrics of the state at `step` (`Task.evaluate(runner)`; `runner.step`
+        is the step, for a task whose evaluation draws random numbers: D4PG seeds its
+        evaluation episodes from the run's seed and the step)."""
+        self.step = int(step)
+        return self.task.evaluate(self) or {}
+
+    def record(self, out, step: int, metrics: Dict[str, float]) -> None:
+        """Logs an evaluation's metrics (metrics.jsonl, TensorBoard, the progress line) and
+        the chief writes the task's artefacts (`Task.write_outputs`)."""
         if metrics:
             out.log_metrics(step, "eval", metrics)
             out.progress("eval at step {}: {}".format(
                 step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())))
         if self.replicator.is_chief:
             self.task.write_outputs(out.model_dir, step)
-        return metrics or {}
 
     def evaluate_by_steps(self) -> Optional[Dict[str, float]]:
         """Sums of the task's eval_step over the eval data, divided by the example count.

@@ -1,22 +1,41 @@
 """run_experiment: model_dir, seeds, precision, Replicator, Task, Trainer; nothing is
-written into the model_dir until the whole configuration has been validated."""
+written into the model_dir until the whole configuration has been validated.
 
+Each mode drives the same Trainer (and its Evaluator and Checkpointer) another way:
+
+  train, train_and_eval   the train loop (evaluating on its cadence for train_and_eval)
+  eval                    one evaluation of a checkpoint (--checkpoint: latest, best or a step)
+  continuous_eval         every new checkpoint as a trainer writes it (expframe/continuous_eval.py)
+  export                  a SavedModel of a checkpoint for serving (expframe/export.py)
+
+The last three read the model_dir: they never rewrite a file the trainer writes, only
+append to metrics.jsonl (and TensorBoard), or write elsewhere (the export). The last
+two run on a local target: a run bound to a cluster (multi_worker, parameter_server,
+tpu) is evaluated or exported on this host's GPU or CPU, one replica.
+"""
+
+import json
 import os
 import time
+from typing import Optional, Sequence
 
 import gin
 import keras
 import tensorflow as tf
 
-from expframe import gin_errors, provenance, run_files
-from expframe.errors import ConfigError
+from expframe import best_checkpoint, gin_errors, init_checkpoint, provenance, run_files
+from expframe.checkpointer import checkpoints_in, read_checkpoint
+from expframe.continuous_eval import ContinuousEvaluator
+from expframe.errors import ConfigError, RunError
 from expframe.replicator import Replicator, auto_settings, cluster
 from expframe.run_files import RunFiles
 from expframe.tasks.base import Task
 from expframe.trainer import Trainer
 
-MODES = ("train", "eval", "train_and_eval")
+MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
+READERS = ("eval", "continuous_eval", "export")  # read the model_dir; never rewrite the trainer's files
 PRECISIONS = auto_settings.PRECISIONS
+_CLUSTER_TARGETS = ("multi_worker", "parameter_server", "tpu")
 
 
 def _precision_for(precision: str, replicator: Replicator) -> str:
@@ -81,15 +100,63 @@ def _check_config_unchanged(model_dir: str, config_text: str, parsed_config: str
         "same configuration, pass --allow_config_change, or use a new --model_dir.")
 
 
+def _local_replicator(mode: str) -> Replicator:
+    """The run's Replicator; for continuous_eval and export a local one (module docstring):
+    the bound target unless it needs a cluster, and for export one replica (a mesh stays a
+    mesh: its model is laid out on it)."""
+    target = gin.get_bindings(Replicator).get("target", "cpu")
+    if mode == "export" and target != "mesh" or mode == "continuous_eval" and target in _CLUSTER_TARGETS:
+        local = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+        return Replicator(target=local, num_replicas=1)
+    return Replicator()
+
+
+def _recorded_precision(model_dir: str, precision: str, replicator: Replicator) -> str:
+    """An evaluator computes in the precision its trainer recorded (resolved.json), else as bound."""
+    path = os.path.join(model_dir, run_files.RESOLVED)
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)["run_experiment.precision"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return _precision_for(precision, replicator)
+
+
+def _choose_checkpoint(model_dir: str, checkpoint: str) -> str:
+    """The checkpoint prefix that --checkpoint names: 'latest', 'best' or a step."""
+    folder = os.path.join(model_dir, "checkpoints")
+    if checkpoint == "best":
+        path = best_checkpoint.path_of(model_dir)
+        if path is None:
+            raise ConfigError(f"--checkpoint=best but {model_dir} keeps no best checkpoint (bind "
+                              "Trainer.best_checkpoint = ('top1', 'max') or the like, and evaluate while training).")
+        return path
+    found = checkpoints_in(folder) if os.path.isdir(folder) else []
+    if checkpoint == "latest":
+        if not found:
+            raise ConfigError(f"{folder} holds no checkpoint; train first.")
+        return found[0][1]
+    if not str(checkpoint).isdigit() or int(checkpoint) not in dict(found):
+        steps = ", ".join(str(s) for s, _ in sorted(found)) or "none"
+        raise ConfigError(f"--checkpoint={checkpoint!r}: use latest, best or the step of a checkpoint in {folder} "
+                          f"(there: {steps}).")
+    return dict(found)[int(checkpoint)]
+
+
 @gin.configurable
 def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: str = "",
                    allow_config_change: bool = False, task: Task = gin.REQUIRED, seed: int = 0,
-                   deterministic: bool = False, precision: str = "float32", dry_run: bool = False) -> dict:
+                   deterministic: bool = False, precision: str = "float32", dry_run: bool = False,
+                   init_checkpoint: Optional[str] = None, init_include: Optional[Sequence[str]] = None,
+                   init_exclude: Sequence[str] = (), checkpoint: str = "latest",
+                   export_dir: Optional[str] = None, export_precision: str = "float32",
+                   eval_timeout_s: float = 3600.0) -> dict:
     """Runs one experiment as configured by gin; returns the result dict.
 
     Args:
       model_dir: where the run writes (and resumes from).
-      mode: 'train', 'eval' (the latest checkpoint) or 'train_and_eval'.
+      mode: one of MODES (module docstring).
       config_text: the gin files and bindings as given (written to config.gin).
       allow_config_change: resume even if config_text differs from config.gin.
       task: the Task (e.g. `@ClassificationTask()`).
@@ -99,8 +166,15 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
         on this machine, cached; see expframe/replicator/auto_settings.py).
       dry_run: build everything a run builds before its first step (Replicator, Trainer,
         the task's model, optimizer and input pipelines), check a resume (the config
-        and the checkpoint's shapes, read only), then return without training or
-        writing anything into model_dir: {"dry_run": True, "step", "parsed_config", ...}.
+        and the checkpoint's shapes, read only) and an init_checkpoint, then return
+        without training or writing anything into model_dir: {"dry_run": True, "step",
+        "parsed_config", ...}.
+      init_checkpoint, init_include, init_exclude: start a new run (step 0) from another
+        run's weights (expframe/init_checkpoint.py).
+      checkpoint: for eval and export: 'latest', 'best' or a step (--checkpoint).
+      export_dir: for export: where the SavedModel goes (default model_dir/export/step_N).
+      export_precision: for export: the Keras policy the exported model computes in.
+      eval_timeout_s: for continuous_eval: stop after this long with no new checkpoint.
     """
     if mode not in MODES:
         raise ConfigError(f"--mode={mode!r}: use one of {', '.join(MODES)}.")
@@ -109,8 +183,17 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     keras.utils.set_random_seed(seed)
     if deterministic:
         tf.config.experimental.enable_op_determinism()
-    replicator = _gin_call(Replicator)
-    keras.mixed_precision.set_global_policy(_precision_for(precision, replicator))
+    replicator = _gin_call(lambda: _local_replicator(mode))
+    if mode == "export":
+        if export_precision not in PRECISIONS or export_precision == "auto":
+            raise ConfigError(f"--export_precision={export_precision!r}: use one of float32, mixed_bfloat16, "
+                              "mixed_float16.")
+        policy = export_precision
+    elif mode in READERS:
+        policy = _recorded_precision(model_dir, precision, replicator)
+    else:
+        policy = _precision_for(precision, replicator)
+    keras.mixed_precision.set_global_policy(policy)
     trainer = _gin_call(Trainer)
     if not isinstance(task, Task):
         raise ConfigError(f"run_experiment.task must be a Task instance (e.g. @ClassificationTask()), got {task!r}.")
@@ -119,35 +202,57 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
         _gin_call(lambda: trainer.prepare(replicator, task, seed, deterministic))
 
         parsed_config = gin.config_str()
-        if not allow_config_change:
-            _check_config_unchanged(model_dir, config_text, parsed_config)
+
+        def check_config() -> None:
+            if not allow_config_change:
+                _check_config_unchanged(model_dir, config_text, parsed_config)
+
+        check_config()
+        if not allow_config_change and mode not in READERS:
             run_files.check_resolved(model_dir, run_files.resolved_choices(replicator))
+        init = (init_checkpoint, init_include, init_exclude)
         if dry_run:
             step = trainer.restore(os.path.join(model_dir, "checkpoints"))  # reads only
-            if mode == "eval" and step == 0:
-                raise ConfigError(f"--mode=eval but {model_dir}/checkpoints holds no checkpoint; train first.")
+            if mode in READERS and mode != "continuous_eval":
+                _choose_checkpoint(model_dir, checkpoint)
+            elif step == 0 and init_checkpoint is not None:
+                _initialise(trainer, replicator, *init)
             return {"dry_run": True, "step": step, "parsed_config": parsed_config, "target": replicator.target,
                     "num_replicas": replicator.num_replicas, "global_batch_size": trainer.global_batch_size,
                     "train_steps": trainer.train_steps}
         out = RunFiles(model_dir, replicator.is_chief, replicator.worker_index)
+        if mode == "continuous_eval":
+            return _continuous_eval(trainer, out, eval_timeout_s, check_config)
+        if mode == "export":
+            return _export(trainer, model_dir, checkpoint, export_dir)
+        if mode == "eval":
+            return _eval(trainer, replicator, out, checkpoint)
         with cluster.lost_worker_is_a_run_error(replicator.num_workers, out.restore_dir):
-            return _restore_and_run(trainer, replicator, out, model_dir, mode, config_text, parsed_config)
+            return _restore_and_train(trainer, replicator, out, model_dir, mode, config_text, parsed_config, init)
     finally:
         task.close()  # its processes (render workers, actors): on every exit path, signals included
 
 
-def _restore_and_run(trainer: Trainer, replicator: Replicator, out: RunFiles, model_dir: str, mode: str,
-                     config_text: str, parsed_config: str) -> dict:
-    """Restores the newest checkpoint, then trains and/or evaluates; returns the result dict."""
+def _initialise(trainer: Trainer, replicator: Replicator, source: str, include, exclude) -> None:
+    """A new run's start from another run's weights (init_checkpoint); prints what was taken."""
+    report = init_checkpoint.restore(trainer.task.trackables(), source, include, exclude or (), replicator)
+    if replicator.is_chief:
+        print(init_checkpoint.summary(report), flush=True)
+
+
+def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, model_dir: str, mode: str,
+                       config_text: str, parsed_config: str, init: tuple) -> dict:
+    """Restores the newest checkpoint (or, for a new run, the init_checkpoint), then trains."""
     try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
         restore_started = time.monotonic()
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
         restore_s = time.monotonic() - restore_started
-        if mode == "eval" and step == 0:
-            raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
-        if mode != "eval" and step < trainer.train_steps:
+        if step == 0 and init[0] is not None:
+            _initialise(trainer, replicator, *init)
+        if step < trainer.train_steps:
             trainer.trace()  # errors found only while tracing the step also leave the model_dir untouched
-        out.start(config_text, step, parsed_config, run_files.resolved_choices(replicator))
+        out.start(config_text, step, parsed_config, run_files.resolved_choices(replicator),
+                  own_eval=(mode == "train_and_eval"))
     except BaseException:
         out.close()  # a non-chief worker's private directory
         raise
@@ -158,10 +263,7 @@ def _restore_and_run(trainer: Trainer, replicator: Replicator, out: RunFiles, mo
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "
                  f"global batch {trainer.global_batch_size}, {trainer.train_steps} steps")
     try:
-        if mode == "eval":
-            summary = {"eval": trainer.run_eval(out, step), "step": step, "wall_time_s": 0.0}
-        else:
-            summary = trainer.train(out, evaluate=(mode == "train_and_eval"))
+        summary = trainer.train(out, evaluate=(mode == "train_and_eval"))
         if summary.get("preempted"):
             return summary
         result = {"step": summary["step"], "target": replicator.target, "num_replicas": replicator.num_replicas,
@@ -171,3 +273,56 @@ def _restore_and_run(trainer: Trainer, replicator: Replicator, out: RunFiles, mo
         return result
     finally:
         out.close()
+
+
+def _read_only_checkpoint(trainer: Trainer) -> tf.train.Checkpoint:
+    """The step and the task's objects, without the data position (a reader needs neither)."""
+    return tf.train.Checkpoint(step=trainer.step, **trainer.task.trackables())
+
+
+def _restore_chosen(trainer: Trainer, model_dir: str, checkpoint: str) -> int:
+    path = _choose_checkpoint(model_dir, checkpoint)
+    cause = read_checkpoint(_read_only_checkpoint(trainer), path)
+    if cause is not None:
+        raise RunError(f"cannot read the checkpoint {path}: {cause}")
+    return int(trainer.step.numpy())
+
+
+def _eval(trainer: Trainer, replicator: Replicator, out: RunFiles, checkpoint: str) -> dict:
+    """One evaluation of the chosen checkpoint, appended to metrics.jsonl (a reader: it
+    rewrites none of the trainer's files)."""
+    if checkpoint == "latest":
+        step = trainer.restore(out.checkpoint_dir, out.restore_dir)
+        if step == 0:
+            raise ConfigError(f"--mode=eval but {out.checkpoint_dir} holds no checkpoint; train first.")
+    else:
+        step = _restore_chosen(trainer, out.shared_dir, checkpoint)
+    out.start_reading()
+    out.log_provenance(step, provenance.record())
+    out.progress(f"resuming from step {step} ({out.checkpoint_dir}): evaluating on target '{replicator.target}', "
+                 f"{replicator.num_replicas} replica(s)")
+    try:
+        return {"eval": trainer.run_eval(out, step), "step": step, "wall_time_s": 0.0}
+    finally:
+        out.close()
+
+
+def _continuous_eval(trainer: Trainer, out: RunFiles, timeout_s: float, check_config) -> dict:
+    out.start_reading()
+    out.log_provenance(0, provenance.record())
+    try:
+        return ContinuousEvaluator(trainer, out, timeout_s, check_config=check_config).run()
+    finally:
+        out.close()
+
+
+def _export(trainer: Trainer, model_dir: str, checkpoint: str, export_dir: Optional[str]) -> dict:
+    """A SavedModel of the chosen checkpoint, written outside the trainer's files."""
+    from expframe import export  # pylint: disable=import-outside-toplevel
+    step = _restore_chosen(trainer, model_dir, checkpoint)
+    name = f"best_step_{step}" if checkpoint == "best" else f"step_{step}"
+    export_dir = export_dir or os.path.join(model_dir, "export", name)
+    info = export.export_saved_model(trainer.task, export_dir)
+    print(f"exported step {step} ({checkpoint}) to {export_dir}: signatures {', '.join(sorted(info['signatures']))}",
+          flush=True)
+    return {"step": step, "export_dir": export_dir, **info}

@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional
 import keras
 import tensorflow as tf
 
+from expframe import metrics_file
 from expframe.atomic_files import write_json
 from expframe.atomic_files import write_text as atomic_write
 from expframe.errors import ConfigError, RunError
@@ -78,6 +79,7 @@ class RunFiles:
         self.model_dir = model_dir if is_chief else tempfile.mkdtemp(prefix=f"expframe_worker{worker_index}_")
         self.checkpoint_dir = os.path.join(self.model_dir, "checkpoints")
         # Every worker resumes from the chief's checkpoints (a filesystem all workers see).
+        self.shared_dir = model_dir
         self.restore_dir = os.path.join(model_dir, "checkpoints")
         self.metrics_path = os.path.join(self.model_dir, "metrics.jsonl")
         self._writers = {}
@@ -92,44 +94,58 @@ class RunFiles:
             return f.read()
 
     def start(self, config_text: str, resumed_step: int, parsed_config: str = None,
-              resolved: Optional[Dict[str, Any]] = None) -> None:
-        """Creates the model_dir, writes config.gin (as given), parsed_config.gin (what
-        it parses to: includes expanded, paths gone; what a resume compares) and
-        resolved.json (`resolved`: what 'auto' resolved to, see `check_resolved`), trims
-        metrics past the resumed step."""
-        kept = self._metrics_up_to(resumed_step)  # read before anything is written
+              resolved: Optional[Dict[str, Any]] = None, own_eval: bool = True) -> None:
+        """The trainer's start: creates the model_dir, writes config.gin (as given),
+        parsed_config.gin (what it parses to: includes expanded, paths gone; what a
+        resume compares) and resolved.json (`resolved`: what 'auto' resolved to, see
+        `check_resolved`), and trims metrics.jsonl past the resumed step: its train and
+        provenance records, and its eval records when this trainer evaluates
+        (`own_eval`); the eval records of a continuous evaluator are kept."""
+        self._metrics_up_to(resumed_step, own_eval, self._metrics_text())  # refuses a bad file before writing
         os.makedirs(self.model_dir, exist_ok=True)
         atomic_write(os.path.join(self.model_dir, "config.gin"), config_text)
         if parsed_config is not None:
             atomic_write(os.path.join(self.model_dir, "parsed_config.gin"), parsed_config)
         if resolved is not None:
             write_json(os.path.join(self.model_dir, RESOLVED), resolved)
-        if kept is not None:
-            atomic_write(self.metrics_path, kept)
+        if os.path.exists(self.metrics_path):
+            metrics_file.rewrite(self.metrics_path,
+                                 lambda text: self._metrics_up_to(resumed_step, own_eval, text, quiet=True))
 
-    def _metrics_up_to(self, step: int) -> Optional[str]:
-        """metrics.jsonl's records up to `step` (None if there is no file): a run killed
-        after its last checkpoint logged steps that it will now redo.
+    def start_reading(self) -> None:
+        """An evaluator's start (eval, continuous_eval): it only appends to metrics.jsonl
+        and TensorBoard and never rewrites a file the trainer writes. The model_dir may
+        not exist yet (an evaluator started before its trainer)."""
+        os.makedirs(self.model_dir, exist_ok=True)
+
+    def _metrics_text(self) -> Optional[str]:
+        return metrics_file.read_text(self.metrics_path) if os.path.exists(self.metrics_path) else None
+
+    def _metrics_up_to(self, step: int, own_eval: bool, text: Optional[str], quiet: bool = False) -> Optional[str]:
+        """metrics.jsonl's `text` without the records a resumed trainer will write again
+        (None if there is no file): those past `step` but another process's eval records
+        (see `start`). A run killed after its last checkpoint logged steps it now redoes.
 
         A crash while a record was appended leaves a torn last line: it is dropped,
         with a line saying so. Any other line that is not a record is a RunError.
         """
-        if not os.path.exists(self.metrics_path):
+        if text is None:
             return None
-        with open(self.metrics_path, encoding="utf-8") as f:
-            lines = [(number, line) for number, line in enumerate(f.read().splitlines(), 1) if line.strip()]
+        lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
         kept = []
         for number, line in lines:
             try:
-                record_step = int(json.loads(line)["step"])
+                record = json.loads(line)
+                record_step = int(record["step"])
             except (ValueError, KeyError, TypeError):
                 if number == lines[-1][0]:
-                    self.progress(f"expframe: dropped the torn last line {number} of {self.metrics_path} "
-                                  f"(a crash while writing it): {line[:60]!r}")
+                    if not quiet:
+                        self.progress(f"expframe: dropped the torn last line {number} of {self.metrics_path} "
+                                      f"(a crash while writing it): {line[:60]!r}")
                     continue
                 raise RunError(f"{self.metrics_path} line {number} is not a JSON metrics record "
                                f"({line[:60]!r}); fix or delete that line, then rerun.") from None
-            if record_step <= step:
+            if record_step <= step or (record.get("split") == "eval" and not own_eval):
                 kept.append(line + "\n")
         return "".join(kept)
 
@@ -140,8 +156,7 @@ class RunFiles:
         if not self.is_chief:
             return
         record = {"step": int(step), "split": split, **{k: float(v) for k, v in metrics.items()}}
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        metrics_file.append(self.metrics_path, [record])
         writer = self._writers.get(split)
         if writer is None:
             writer = self._writers[split] = tf.summary.create_file_writer(os.path.join(self.model_dir, split))
@@ -158,8 +173,12 @@ class RunFiles:
         it is not a TensorBoard scalar."""
         if not self.is_chief:
             return
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": int(step), "split": PROVENANCE, **record}) + "\n")
+        metrics_file.append(self.metrics_path, [{"step": int(step), "split": PROVENANCE, **record}])
+
+    def sync_metrics(self) -> None:
+        """fsyncs metrics.jsonl (at every checkpoint: no gap behind a saved checkpoint)."""
+        if self.is_chief:
+            metrics_file.sync(self.metrics_path)
 
     def progress(self, line: str) -> None:
         if self.is_chief:

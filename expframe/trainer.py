@@ -7,14 +7,16 @@ What happens at those moments lives beside it: `Replicator.run_steps` runs the s
 
 import datetime
 import math
+import os
 import signal
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import gin
 import tensorflow as tf
 
-from expframe import interrupts, run_files
+from expframe import dir_lock, interrupts, run_files
+from expframe.best_checkpoint import BestCheckpoint, check_binding
 from expframe.checkpointer import Checkpointer
 from expframe.chrono import Chrono
 from expframe.data_position import DataPosition
@@ -79,12 +81,21 @@ class Trainer:
       checkpoint_every_steps: cadence of checkpoints (also written at the end and on
         SIGTERM/SIGINT).
       max_checkpoints: how many recent checkpoints to keep.
+      best_checkpoint: (eval metric, 'max' or 'min'), e.g. ('top1', 'max'): keep a copy of
+        the best evaluated checkpoint in model_dir/best/ (expframe/best_checkpoint.py);
+        None keeps none.
+      profile_steps: (first, last): write a TensorBoard profile of train steps first to
+        last (counted from 1, as the progress line counts) into model_dir/train/plugins/
+        profile/ (`tf.profiler.experimental`); None (the default) profiles nothing and
+        costs nothing.
     """
 
     def __init__(self, train_steps: int = gin.REQUIRED, global_batch_size: int = gin.REQUIRED,
                  steps_per_loop: int = 100, log_every_steps: int = 100,
                  eval_every_steps: Optional[int] = None, eval_steps: Optional[int] = None,
-                 checkpoint_every_steps: int = 1000, max_checkpoints: int = 3):
+                 checkpoint_every_steps: int = 1000, max_checkpoints: int = 3,
+                 best_checkpoint: Optional[Tuple[str, str]] = None,
+                 profile_steps: Optional[Tuple[int, int]] = None):
         self.train_steps = _positive_int("Trainer.train_steps", train_steps)
         self.global_batch_size = _positive_int("Trainer.global_batch_size", global_batch_size)
         self.steps_per_loop = _positive_int("Trainer.steps_per_loop", steps_per_loop)
@@ -93,6 +104,8 @@ class Trainer:
         self.eval_steps = _positive_int("Trainer.eval_steps", eval_steps, allow_none=True)
         self.checkpoint_every_steps = _positive_int("Trainer.checkpoint_every_steps", checkpoint_every_steps)
         self.max_checkpoints = _positive_int("Trainer.max_checkpoints", max_checkpoints)
+        self.best_checkpoint = check_binding(best_checkpoint)
+        self.profile_steps = _profile_window(profile_steps, self.train_steps)
         self._stop_signal = None
         self._progressed = False
 
@@ -176,6 +189,8 @@ class Trainer:
     def _next_boundary(self, step: int) -> int:
         ends = [self.train_steps, _next_multiple(step, self.log_every_steps),
                 _next_multiple(step, self.checkpoint_every_steps), step + self.steps_per_loop]
+        if self.profile_steps:  # the profile starts before step `first` and ends after step `last`
+            ends += [s for s in (self.profile_steps[0] - 1, self.profile_steps[1]) if s > step]
         if self.eval_every_steps:
             ends.append(_next_multiple(step, self.eval_every_steps))
         return min(ends)
@@ -187,9 +202,13 @@ class Trainer:
         wrote_operative = False
         last_eval = {}
         chrono, started = Chrono(), time.time()
+        best = self._best_keeper(out) if evaluate else None
+        profiling = False
         try:
             while step < self.train_steps:
                 num = self._next_boundary(step) - step
+                if self.profile_steps and not profiling and self.profile_steps[0] - 1 <= step < self.profile_steps[1]:
+                    profiling = self._start_profile(out, step)
                 with chrono.measure(num):
                     try:
                         self.task.before_train_steps(step, num)
@@ -203,6 +222,8 @@ class Trainer:
                         interrupts.disarm()  # from here on, a signal checkpoints and exits 0
                     step = int(self.step.numpy())
                     metrics.update(self.task.after_train_steps(step) or {})
+                if profiling and step >= self.profile_steps[1]:
+                    profiling = self._stop_profile(out, step)
                 if not math.isfinite(metrics["loss"]):
                     raise RunError(
                         f"loss is {metrics['loss']} at step {step}; stopped. The last good checkpoint "
@@ -214,20 +235,54 @@ class Trainer:
                     self._log(out, step, metrics, chrono.lap())
                 if evaluate and self.eval_every_steps and step % self.eval_every_steps == 0 and step < self.train_steps:
                     last_eval = self.evaluator.run(out, step)
+                    self._keep_best(best, out, step, last_eval)
                 if step % self.checkpoint_every_steps == 0 or step == self.train_steps:
                     self.checkpointer.save()
+                    out.sync_metrics()
                 # Every worker stops at the same step if any of them was signalled.
                 if self.rep.agree(float(self._stop_signal is not None), "max"):
                     self._stop_signal = self._stop_signal or signal.SIGTERM
                     return self._preempted(out, step)
             if evaluate:
                 last_eval = self.evaluator.run(out, step)
+                self._keep_best(best, out, step, last_eval)
         finally:
+            if profiling:
+                self._stop_profile(out, step)
             for s, handler in previous.items():
                 signal.signal(s, handler)
         if not wrote_operative:
             out.write_operative_config(gin.operative_config_str())
         return {"eval": last_eval, "step": step, "wall_time_s": time.time() - started}
+
+    def _best_keeper(self, out: "run_files.RunFiles") -> Optional[BestCheckpoint]:
+        if self.best_checkpoint is None:
+            return None
+        return BestCheckpoint(out.shared_dir, *self.best_checkpoint, write_dir=out.model_dir)
+
+    def _keep_best(self, best: Optional[BestCheckpoint], out: "run_files.RunFiles", step: int,
+                   metrics: Dict[str, float]) -> None:
+        """The best checkpoint after an evaluation, unless a continuous evaluator keeps it."""
+        if best is None or not metrics:
+            return
+        if dir_lock.is_held(os.path.join(out.shared_dir, dir_lock.EVALUATOR)):
+            return  # a continuous evaluator runs on this model_dir: the best is its to keep
+        line = best.consider(step, metrics, self.checkpointer.checkpoint)
+        if line:
+            out.progress(line)
+
+    def _start_profile(self, out: "run_files.RunFiles", step: int) -> bool:
+        logdir = os.path.join(out.model_dir, "train")
+        tf.profiler.experimental.start(logdir)
+        out.progress(f"profiling train steps {step + 1} to {self.profile_steps[1]} (Trainer.profile_steps) "
+                     f"into {logdir}")
+        return True
+
+    def _stop_profile(self, out: "run_files.RunFiles", step: int) -> bool:
+        tf.profiler.experimental.stop()
+        out.progress(f"profile written at step {step}: tensorboard --logdir {out.model_dir} (Profile tab; "
+                     "needs tensorboard-plugin-profile: pip install -e '.[profile]')")
+        return False
 
     def _preempted(self, out: "run_files.RunFiles", step: int) -> Dict:
         """After a stop signal: checkpoint the step reached, say so, and end the loop."""
@@ -265,6 +320,18 @@ def progress_line(step: int, train_steps: int, metrics: Dict[str, float], exampl
     shown = "".join(f"  {name} {_number(float(metrics[name]))}" for name in names)
     return (f"step {step}/{train_steps}{shown}  {examples_per_sec:,.1f} examples/s  "
             f"eta {datetime.timedelta(seconds=int(eta_s))}")
+
+
+def _profile_window(value, train_steps: int) -> Optional[Tuple[int, int]]:
+    """`Trainer.profile_steps` checked: None, or (first, last) with 1 <= first <= last <= train_steps."""
+    if value is None:
+        return None
+    ok = (isinstance(value, (tuple, list)) and len(value) == 2
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+    if not ok or not 1 <= value[0] <= value[1] <= train_steps:
+        raise ConfigError(f"Trainer.profile_steps={value!r} must be (first, last) train steps with 1 <= first <= "
+                          f"last <= Trainer.train_steps ({train_steps}), e.g. (10, 15); or None.")
+    return tuple(value)
 
 
 def _next_multiple(step: int, every: int) -> int:
