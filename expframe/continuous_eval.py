@@ -63,6 +63,12 @@ def evaluated_steps(metrics_path: str) -> List[int]:
     return sorted({int(r["step"]) for r in metrics_file.records(metrics_path) if r.get("split") == "eval"})
 
 
+def skipped_steps(last: int, first_new: int, every: int) -> List[int]:
+    """The periodic checkpoint steps (multiples of `every`) after the last evaluated step
+    and before the first checkpoint there is now: deleted before they could be read."""
+    return list(range((last // every + 1) * every, first_new, every))
+
+
 class ContinuousEvaluator:
     """Evaluates a model_dir's checkpoints as they appear (see the module docstring).
 
@@ -169,8 +175,7 @@ class ContinuousEvaluator:
             waited_since = time.monotonic()
 
     def _say_skipped(self, last: int, first_new: int) -> None:
-        every = self.trainer.checkpoint_every_steps
-        missed = [s for s in range((last // every + 1) * every, first_new, every)]
+        missed = skipped_steps(last, first_new, self.trainer.checkpoint_every_steps)
         if missed:
             shown = ", ".join(map(str, missed[:10])) + (f" and {len(missed) - 10} more" if len(missed) > 10 else "")
             self.out.progress(f"continuous evaluation: skipped step(s) {shown}: their checkpoints were deleted by "

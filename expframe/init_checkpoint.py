@@ -70,12 +70,15 @@ def _is_optimizer(obj) -> bool:
 
 def live_variables(trackables: Dict[str, object]) -> Dict[str, object]:
     """Every variable of the task's trackables, by name (`<trackable>/<variable path>`)."""
-    out = {}
+    out, seen = {}, set()
     for top, obj in trackables.items():
         if not isinstance(obj, tf.__internal__.tracking.Trackable):
             continue
         for child in tf.train.TrackableView(obj).descendants():
-            if _is_variable(child):
+            # A variable reachable from two trackables (an optimizer tracks the model's
+            # variables it updates) is named after the first, in trackables() order.
+            if _is_variable(child) and id(child) not in seen:
+                seen.add(id(child))
                 out.setdefault(_name(top, child), child)
     return out
 

@@ -85,7 +85,8 @@ def _explicit_workers(config) -> bool:
 # --no-loadscope-reorder: xdist keeps this order).
 LONGEST_FIRST = ("tests/conformance/test_matrix.py", "tests/test_stop_matrix.py", "tests/test_recovery.py",
                  "tests/test_d4pg_pixels_experiments.py", "tests/test_d4pg_distributed.py",
-                 "tests/test_multi_worker.py", "tests/test_main.py", "tests/test_vit_mesh_experiments.py",
+                 "tests/test_multi_worker.py", "tests/test_main.py", "tests/test_after_training.py",
+                 "tests/test_vit_mesh_experiments.py",
                  "tests/test_reproduce.py", "tests/test_sngan_experiments.py", "tests/test_d4pg_experiments.py",
                  "tests/test_resume_across_replicas.py", "tests/test_trainer.py")
 

@@ -34,6 +34,17 @@ def test_resume_keeps_the_records_up_to_its_step(tmp_path):
     assert _steps(tmp_path) == [1, 2]
 
 
+def test_a_resume_keeps_a_continuous_evaluators_eval_records(tmp_path):
+    evals = [{"step": s, "split": "eval", "top1": s / 10} for s in (2, 4)]
+    text = "".join(json.dumps(r) + "\n" for r in RECORDS + evals)
+    _write(tmp_path, text)
+    RunFiles(str(tmp_path)).start("config", resumed_step=2, own_eval=False)  # --mode=train beside an evaluator
+    assert _steps(tmp_path) == [1, 2, 2, 4]
+    _write(tmp_path, text)
+    RunFiles(str(tmp_path)).start("config", resumed_step=2, own_eval=True)  # train_and_eval: its own evals
+    assert _steps(tmp_path) == [1, 2, 2]
+
+
 def test_a_torn_last_line_is_dropped_and_logged(tmp_path, capsys):
     whole = "".join(json.dumps(r) + "\n" for r in RECORDS[:3])
     _write(tmp_path, whole + json.dumps(RECORDS[3])[:17])  # killed while appending step 4
