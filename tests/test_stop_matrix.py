@@ -1,9 +1,9 @@
 """The stop contract, as a matrix (docs/stopping.md): every kind of run, every way to stop it.
 
 Rows: the quickstart, pixel D4PG in-process, pixel D4PG with 1 actor process, 2 launcher
-workers, and a 2-run study, each shrunk to seconds. Columns: SIGINT to the process
-group (a terminal's Ctrl-C, GNU `timeout`, `kill -- -PGID`), SIGTERM to the main pid,
-SIGKILL to the main pid. Each cell asserts:
+workers, a 2-run study, and a continuous evaluator beside a trainer, each shrunk to
+seconds. Columns: SIGINT to the process group (a terminal's Ctrl-C, GNU `timeout`,
+`kill -- -PGID`), SIGTERM to the main pid, SIGKILL to the main pid. Each cell asserts:
 
 * the exit code (main.py 0 after its checkpoint; the launcher 128 + signal; the study 1,
   its runs not finished; -9 for SIGKILL);
@@ -62,13 +62,16 @@ MULTI_WORKER = ("Replicator.target = 'multi_worker'", "Replicator.num_replicas =
 _STEP_LINE = re.compile(r"(^|\] )step \d+/\d+ ")
 _SAVED = re.compile(r"(?:^|\] )received (SIG\w+) at step (\d+): checkpoint saved")
 _RESUMED = re.compile(r"(?:^|\] )resuming from step (\d+) ")
+_EVALUATED = re.compile(r"^eval at step \d+: ")
+_EVAL_STOPPED = re.compile(r"^received (SIG\w+): continuous evaluation stopped after step \d+")
 
 
 class _Tree:
     """A process started in a session of its own (as from a shell), its output, and every
     pid and process group seen below it while it ran."""
 
-    def __init__(self, argv: List[str], env: Dict[str, str]):
+    def __init__(self, argv: List[str], env: Dict[str, str], ready: "re.Pattern" = _STEP_LINE):
+        self._ready = ready
         self.proc = subprocess.Popen(argv, cwd=mr.ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
         self.lines: List[str] = []
@@ -84,7 +87,7 @@ class _Tree:
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
-            if _STEP_LINE.search(line):
+            if self._ready.search(line):
                 self._step.set()
 
     def _watch(self) -> None:
@@ -328,3 +331,55 @@ def test_two_run_study(data_dir, tmp_path):
     for d in dirs:
         _once_each(d, 6)
         assert json.loads(open(os.path.join(d, "result.json")).read())["step"] == 6
+
+
+@pytest.mark.timeout(900)
+def test_continuous_evaluator(data_dir, tmp_path):
+    """The evaluator's row: a trainer runs throughout; each cell starts `--mode=continuous_eval`
+    on its model_dir, waits for an evaluation and stops it. A first SIGINT or SIGTERM ends
+    it at once with one line and exit 0 (an evaluation under way is dropped); after SIGKILL
+    the kernel frees its lock. The final evaluator, after the trainer stopped, evaluates
+    what is left: every checkpoint's step once, in order."""
+    model_dir = tmp_path / "run"
+    env = mr.env(data_dir)
+    params = QUICK + ("Trainer.train_steps = 100000", "Trainer.steps_per_loop = 10", "Trainer.log_every_steps = 100",
+                      "Trainer.checkpoint_every_steps = 20", "Trainer.max_checkpoints = 100000")
+    trainer = _Tree(mr.args([QUICKSTART], model_dir, params, ["--mode=train"]), env)
+    evaluate = mr.args([QUICKSTART], model_dir, params, ["--mode=continuous_eval", "--eval_timeout_s=5"])
+    outcomes = []
+    try:
+        trainer.wait_for_training()
+        for column, stopped_code in zip(COLUMNS, (0, 0, -signal.SIGKILL), strict=True):
+            tree = _Tree(evaluate, env, ready=_EVALUATED)
+            try:
+                tree.wait_for_training()
+                sent = tree.send(column)
+                gone = tree.seconds_until_gone(sent)
+                left = tree.left()
+                code = tree.finish()
+            finally:
+                tree.kill_leftovers()
+            out = tree.output()
+            outcomes.append((column, code, gone))
+            assert gone is not None, f"continuous evaluator, {column}: left running: {left}"
+            assert code == stopped_code, (column, code, out[-3000:])
+            if column != COLUMNS[2]:
+                stopped = [m.group(1) for m in map(_EVAL_STOPPED.search, tree.lines) if m]
+                assert stopped == ["SIGINT" if column == COLUMNS[0] else "SIGTERM"], out[-3000:]
+        trainer.proc.send_signal(signal.SIGTERM)
+        assert trainer.finish() == 0, trainer.output()[-3000:]
+    finally:
+        trainer.kill_leftovers()
+    final = _Tree(evaluate, env, ready=_EVALUATED)
+    try:
+        code = final.finish()
+    finally:
+        final.kill_leftovers()
+    assert code == 0, final.output()[-3000:]
+    assert "no new checkpoint in 5 s" in final.output()
+    evaluated = [r["step"] for r in mr.metrics(model_dir, "eval")]
+    with open(os.path.join(model_dir, "checkpoints", "checkpoint"), encoding="utf-8") as f:
+        saved = sorted(int(m) for m in re.findall(r'^all_model_checkpoint_paths: ".*?(\d+)"', f.read(), re.M))
+    assert evaluated == saved, (evaluated, saved)  # each checkpoint once, in step order, none skipped
+    print("\ncontinuous evaluator: " + "; ".join(f"{c}: exit {code}, gone {g:.2f} s" for c, code, g in outcomes)
+          + f"; {len(evaluated)} checkpoints evaluated once each")
