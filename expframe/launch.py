@@ -5,6 +5,7 @@
     python -m expframe.launch --workers=2 --ps=1 -- main.py --gin_file=... \
         --gin_param="Replicator.target='parameter_server'"
     python -m expframe.launch --workers=4 --max_restarts=3 --min_workers=2 -- main.py ...
+    python -m expframe.launch --workers=2 --ps=1 --evaluator -- main.py ... --mode=train
     python -m expframe.launch --emit=slurm --workers=4 -- main.py ... > run.sbatch
 
 Everything after `--` is the command each program process runs (a first word ending
@@ -44,6 +45,19 @@ Every process also gets `EXPFRAME_LAUNCH_SLOT` (its index in the first cluster: 
 worker keeps its slot when others are dropped), `EXPFRAME_LAUNCH_RESTARTS` (the
 restarts so far) and a `TMPDIR` of its start of the cluster, removed when it ends.
 
+`--evaluator`: one more process, TensorFlow's `evaluator` task (TF_CONFIG: the same
+cluster, which by TensorFlow's convention does not list the evaluator, and task
+`{"type": "evaluator", "index": 0}`), runs the program command with
+`--mode=continuous_eval` in place of any `--mode` given: it evaluates each checkpoint
+of the model_dir as it appears, on its own machine's devices. Its lines are prefixed
+`[evaluator]`; the same owner starts it, so signals reach it and it ends with the
+launcher. It is a sidecar: the launcher's exit status is the cluster's; a failed
+evaluator is named in one line and nothing else is stopped; restarts restart the
+cluster only. Once the cluster finished (0), the launcher waits for the evaluator to
+evaluate the final checkpoint and exit, up to `--evaluator_wait_s` (600 s), then stops
+it with SIGTERM and says so. Give the program `--mode=train`, so that evaluation is
+left to the evaluator.
+
 When a multi_worker cluster ends, TensorFlow's coordination service may read a peer's
 normal exit as a crash and print `... StartAbort UNAVAILABLE ... The tasks have
 crashed ...`: the launcher holds such lines back and prints them only if the cluster
@@ -55,7 +69,8 @@ real cluster, with no launcher watching) is the coordination service's heartbeat
 which this launcher exports (`--heartbeat_timeout_s`).
 
 `--emit=slurm` prints a Slurm batch script for the same run instead (one task per
-worker, `--requeue`, `--signal=B:TERM@<grace>`; see expframe/slurm_requeue.py).
+worker, `--requeue`, `--signal=B:TERM@<grace>`; with `--evaluator`, one task more and
+the evaluator as a job step of its own; see expframe/slurm_requeue.py).
 """
 
 import argparse
@@ -82,6 +97,9 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 SLOT_ENV = "EXPFRAME_LAUNCH_SLOT"
 RESTARTS_ENV = "EXPFRAME_LAUNCH_RESTARTS"
 _PROG = "expframe.launch"
+EVALUATOR = "evaluator"           # TensorFlow's task type of a sidecar evaluator (--evaluator)
+EVALUATOR_MODE = "continuous_eval"
+DEFAULT_EVALUATOR_WAIT_S = 600.0  # how long a finished cluster waits for its evaluator
 
 # What main.py's chief prints once it restored (experiment.py, data_position.py).
 _RESUMED = re.compile(rb"^resuming from step (\d+) ")
@@ -125,6 +143,27 @@ def program_command(args: Sequence[str]) -> List[str]:
     return args
 
 
+def evaluator_config(cluster: dict) -> dict:
+    """The evaluator's TF_CONFIG: the cluster as its other tasks see it (by TensorFlow's
+    convention the evaluator is not in the cluster spec) and task `evaluator` 0."""
+    return {"cluster": {role: list(tasks) for role, tasks in cluster.items() if role != EVALUATOR},
+            "task": {"type": EVALUATOR, "index": 0}}
+
+
+def evaluator_command(command: Sequence[str]) -> List[str]:
+    """The program command with `--mode=continuous_eval` in place of any `--mode` given
+    (`--mode=X` or `--mode X`, one dash or two), before a `--` that ends its flags."""
+    command = list(command)
+    end = command.index("--", 1) if "--" in command[1:] else len(command)
+    out, args = command[:1], iter(command[1:end])
+    for arg in args:
+        if arg in ("--mode", "-mode"):
+            next(args, None)  # its value
+        elif not arg.startswith(("--mode=", "-mode=")):
+            out.append(arg)
+    return out + [f"--mode={EVALUATOR_MODE}"] + command[end:]
+
+
 class _Process:
     """One child of the cluster: its role, slot and `processes.Child`. Its output lines are
     printed with its name as prefix, after `on_line(process, line)` saw them (it returns
@@ -132,7 +171,7 @@ class _Process:
 
     def __init__(self, owner: processes.Owner, role: str, index: int, slot: int, command: List[str], env: dict,
                  is_server: bool, is_first_program: bool = False, on_line=None):
-        self.name = "chief" if role == "chief" else f"{role} {index}"
+        self.name = role if role in ("chief", EVALUATOR) else f"{role} {index}"
         self.slot, self.is_server, self.is_first_program = slot, is_server, is_first_program
         prefix = f"[{self.name}] ".encode()
         out = sys.stdout.buffer
@@ -179,7 +218,7 @@ class _Attempt:
         self.resumed_step: Optional[int] = None  # set by the chief's output
         self.position: Optional[str] = None
         self.held: List[bytes] = []  # the coordination service's shutdown lines, see _on_line
-        cluster = make_cluster(len(slots), ps, host)
+        self.cluster = cluster = make_cluster(len(slots), ps, host)
         server = [sys.executable, "-m", "expframe.launch", "--serve"]
         # Each start gets its own TMPDIR, removed when it ends: a killed worker's private
         # files (e.g. a non-chief's checkpoint copies) do not pile up over restarts.
@@ -257,6 +296,54 @@ class _Attempt:
         return None
 
 
+class _Evaluator:
+    """The sidecar evaluator (`--evaluator`): started with the first cluster and kept
+    over restarts; its failure is said in one line and ends nothing else."""
+
+    def __init__(self, owner: processes.Owner, command: Sequence[str], cluster: dict, base_env: dict):
+        self.owner = owner
+        self.tmpdir = tempfile.mkdtemp(prefix="expframe_launch_")
+        env = dict(base_env, TMPDIR=self.tmpdir, TF_CONFIG=json.dumps(evaluator_config(cluster)),
+                   **{SLOT_ENV: "-1", RESTARTS_ENV: "0"})
+        self.proc = _Process(owner, EVALUATOR, 0, -1, program_command(evaluator_command(command)), env,
+                             is_server=False)
+        self.reported = False
+
+    def check(self, after: str = "the training goes on without it") -> None:
+        """Says once, in one line, that the evaluator ended with a non-zero status."""
+        code = self.proc.poll()
+        if code not in (None, 0) and not self.reported:
+            self.reported = True
+            _say(f"{EVALUATOR} (pid {self.proc.pid}) {processes.describe_status(code)}; {after}")
+
+    def stop(self, signum: Optional[int], grace_s: float) -> None:
+        """Sends `signum` (None: already sent) to it, SIGKILL after `grace_s`, and waits."""
+        if self.proc.child in self.owner.children:
+            self.owner.stop([self.proc.child], signum, grace_s)
+
+    def finish(self, received: List[int], wait_s: float, grace_s: float) -> None:
+        """After the training finished: waits up to `wait_s` for the evaluator (it exits
+        once it evaluated the final checkpoint), then stops it with SIGTERM, saying so.
+        A signal to the launcher (`received`, already forwarded) ends the wait."""
+        deadline = time.monotonic() + wait_s
+        while self.proc.poll() is None and not received and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.proc.poll() is None:
+            if received:
+                _say(f"received {signal.Signals(received[0]).name} while the {EVALUATOR} (pid {self.proc.pid}) "
+                     "evaluated the finished training's checkpoints; stopped it")
+            else:
+                _say(f"{EVALUATOR} (pid {self.proc.pid}) had not finished {wait_s:g} s after the training "
+                     "(--evaluator_wait_s); stopped it with SIGTERM")
+            self.stop(None if received else signal.SIGTERM, grace_s)
+        elif self.proc.child in self.owner.children:
+            self.owner.reap(self.proc.child)
+        self.check(after="the training had finished")
+
+    def remove_tmpdir(self) -> None:
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
 class _Restart:
     """A restart, whose line waits for where the restarted cluster resumed."""
 
@@ -280,9 +367,15 @@ class _Restart:
 
 def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0.0.1",
            heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, grace_s: float = 3.0,
-           max_restarts: int = 0, min_workers: Optional[int] = None) -> int:
+           max_restarts: int = 0, min_workers: Optional[int] = None, evaluator: bool = False,
+           evaluator_wait_s: float = DEFAULT_EVALUATOR_WAIT_S) -> int:
     """Runs the cluster until it finishes, fails with a configuration error (2), fails
-    once more than `max_restarts` allows (1), or is signalled (128 + signal)."""
+    once more than `max_restarts` allows (1), or is signalled (128 + signal).
+
+    With `evaluator`, one more process runs the command with `--mode=continuous_eval`
+    (task `evaluator`, `evaluator_config`) beside the cluster, over its restarts; a
+    finished cluster waits up to `evaluator_wait_s` for it. Its own exit status is
+    said in one line, never the launcher's."""
     min_workers = workers if min_workers is None else min_workers
     program = program_command(command)
     base_env = dict(os.environ, PYTHONUNBUFFERED="1", **{HEARTBEAT_ENV: str(heartbeat_timeout_s)})
@@ -303,18 +396,25 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
         forward(signum)
 
     def stopped_by_signal() -> int:
+        if sidecar:
+            sidecar.stop(None, max(grace_s, 10.0))  # the signal was forwarded to it too
         _say(f"received {signal.Signals(received[0]).name}; stopped all processes")
         return 128 + received[0]
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     slots, restarts, restart, last_failed_slot, attempt = list(range(workers)), 0, None, None, None
+    sidecar: Optional[_Evaluator] = None
     try:
         while True:
             if received:  # a signal while the failed cluster was stopped: no restart.
                 return stopped_by_signal()
             attempt = _Attempt(owner, program, slots, ps, host, base_env, restarts)
+            if evaluator and sidecar is None:  # one evaluator, kept over restarts
+                sidecar = _Evaluator(owner, command, attempt.cluster, base_env)
             outcome = None
             while outcome is None:
+                if sidecar:
+                    sidecar.check()
                 if received:
                     forward(received[0])  # processes started after the signal came
                     attempt.stop(None, grace_s=max(grace_s, 10.0))
@@ -335,6 +435,8 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
                 attempt.held = []  # a clean end: the coordination service's abort lines say nothing
                 if restart:
                     _say(restart.line(attempt, "finished"))
+                if sidecar:
+                    sidecar.finish(received, evaluator_wait_s, grace_s)
                 return 0
             # A stopped (SIGSTOPped) process is what failed: the others noticed its missing heartbeats.
             hung = [q for q in attempt.procs if q is not p and q.poll() is None and q.is_stopped()]
@@ -349,6 +451,8 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
                 p = hung[0]
             if code == 2 or restarts >= max_restarts:
                 tail = "" if code == 2 or not max_restarts else f"; no restarts left (--max_restarts={max_restarts})"
+                if sidecar:  # no cluster to evaluate any more
+                    sidecar.stop(signal.SIGTERM, grace_s)
                 _say(f"{what}; stopped the others{tail}")
                 return 2 if code == 2 else 1
             change = ""
@@ -369,9 +473,18 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
         owner.close(grace_s=1.0)
         if attempt:
             attempt.remove_tmpdir()
+        if sidecar:
+            sidecar.remove_tmpdir()
 
 
 # -- server mode (ps-mode workers and parameter servers) ---------------------------------
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Reports a usage error in one line, with exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
 
 def _parse(argv: Sequence[str]):
     argv = list(argv)
@@ -379,10 +492,10 @@ def _parse(argv: Sequence[str]):
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog=f"python -m {_PROG}",
-        usage=f"python -m {_PROG} --workers=N [--ps=M] [--max_restarts=R [--min_workers=K]] [--host=127.0.0.1] "
-              "-- <program> [args]",
+        usage=f"python -m {_PROG} --workers=N [--ps=M] [--max_restarts=R [--min_workers=K]] [--evaluator] "
+              "[--host=127.0.0.1] -- <program> [args]",
         description="Starts a local TensorFlow cluster (TF_CONFIG per process) and runs a program on it.")
     parser.add_argument("--workers", type=int, default=1, help="worker tasks (default 1)")
     parser.add_argument("--ps", type=int, default=0,
@@ -397,6 +510,13 @@ def _parse(argv: Sequence[str]):
     parser.add_argument("--min_workers", type=int, default=None,
                         help="continue without a worker that cannot be restarted, down to this many "
                              "(default --workers: never)")
+    parser.add_argument("--evaluator", action="store_true",
+                        help="one more process, task type 'evaluator' (not in the cluster spec), runs the program "
+                             f"with --mode={EVALUATOR_MODE} beside the cluster: it evaluates each checkpoint as it "
+                             "appears; restarts leave it running, and its failure ends nothing else")
+    parser.add_argument("--evaluator_wait_s", type=float, default=DEFAULT_EVALUATOR_WAIT_S,
+                        help="once the training finished, how long to wait for the evaluator to evaluate the "
+                             f"final checkpoint before stopping it (SIGTERM; default {DEFAULT_EVALUATOR_WAIT_S:g})")
     parser.add_argument("--emit", choices=("slurm",),
                         help="print a Slurm batch script for this run (one task per worker) instead of running it")
     parser.add_argument("--slurm_option", action="append", default=[], metavar="OPT",
@@ -418,6 +538,8 @@ def _parse(argv: Sequence[str]):
                 parser.error(f"--min_workers={args.min_workers} must be between 1 and --workers={args.workers}")
             if args.max_restarts < 1 and args.min_workers < args.workers:
                 parser.error("--min_workers takes effect on a restart: give --max_restarts >= 1 too")
+        if not args.evaluator_wait_s > 0:
+            parser.error(f"--evaluator_wait_s={args.evaluator_wait_s:g} must be > 0")
         if args.emit and args.ps:
             parser.error("--emit=slurm runs multi_worker tasks (one per worker); --ps must be 0")
     return args, command
@@ -432,10 +554,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.emit == "slurm":
         from expframe import slurm_requeue  # pylint: disable=import-outside-toplevel
         grace = slurm_requeue.DEFAULT_GRACE_S if args.signal_grace_s is None else args.signal_grace_s
-        print(slurm_requeue.single_run_script(command, args.workers, args.slurm_option, grace), end="")
+        sidecar = evaluator_command(command) if args.evaluator else None
+        print(slurm_requeue.single_run_script(command, args.workers, args.slurm_option, grace,
+                                              evaluator_command=sidecar, evaluator_wait_s=args.evaluator_wait_s),
+              end="")
         return 0
     return launch(command, args.workers, args.ps, args.host, args.heartbeat_timeout_s, args.grace_s,
-                  args.max_restarts, args.min_workers)
+                  args.max_restarts, args.min_workers, args.evaluator, args.evaluator_wait_s)
 
 
 if __name__ == "__main__":
