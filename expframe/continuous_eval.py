@@ -50,8 +50,7 @@ def listed_checkpoints(checkpoint_dir: str) -> List[Tuple[int, str]]:
     index file lists (written after a checkpoint's own files)."""
     state = tf.train.get_checkpoint_state(checkpoint_dir)
     found = []
-    for path in [] if state is None else state.all_model_checkpoint_paths:
-        path = path if os.path.isabs(path) else os.path.join(checkpoint_dir, path)
+    for path in [] if state is None else state.all_model_checkpoint_paths:  # joined to checkpoint_dir already
         suffix = path.rsplit("-", 1)[-1]
         if suffix.isdigit():
             found.append((int(suffix), path))
