@@ -160,7 +160,7 @@ BAD_BUILDS = [
     ("wrong type in a model binding", (), ["resnet.depth = 8.0"], [],
      "error: resnet: 'float' object cannot be interpreted as an integer (bound: depth=8.0"),
     ("invalid flag value", (), [], ["--mode=evaluate"],
-     "error: flag --mode=evaluate: value should be one of <train|eval|train_and_eval>"),
+     "error: flag --mode=evaluate: value should be one of <train|eval|train_and_eval|continuous_eval|export>"),
     ("unknown flag", (), [], ["--modle=train"], "error: Unknown command line flag 'modle'"),
 ]
 
