@@ -37,6 +37,9 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
   write_outputs(dir, step) optional: artefacts such as GAN sample grids.
   close()                 optional: stops what the task started (D4PG's actor processes
                           and render workers); runs on every exit path of a run.
+  serving()               optional: {signature name: tf.function with an input_signature,
+                          returning a dict of named tensors} for `--mode=export`
+                          (expframe/export.py); 'serving_default' among them.
   xla_incompatible        class attribute; None, or why XLA cannot compile
                           train_step (e.g. it calls the host): the step then never
                           runs under Replicator.jit_compile, and jit_compile=True is
@@ -108,6 +111,17 @@ class Task:
 
     def write_outputs(self, model_dir: str, step: int) -> None:
         """Optional artefacts written by the chief after each evaluation."""
+
+    def serving(self) -> Dict[str, tf.types.experimental.PolymorphicFunction]:
+        """The signatures `--mode=export` saves (expframe/export.py), on the restored weights.
+
+        Returns:
+          {name: tf.function with an `input_signature` (named TensorSpecs, batch None)
+          returning a dict of named tensors}, 'serving_default' among them. The export
+          saves the variables the functions read (plain ones: copies, not DTensors).
+        """
+        raise ConfigError(f"{type(self).__name__} declares no serving signature: override Task.serving "
+                          "(docs/extending.md).")
 
     def close(self) -> None:
         """Releases what the task holds outside TensorFlow (processes, files); called on

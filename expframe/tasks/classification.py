@@ -1,6 +1,6 @@
 """Generic image classification: softmax cross-entropy, label smoothing, weight decay, top-k."""
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import gin
 import keras
@@ -9,6 +9,25 @@ import tensorflow as tf
 import expframe as xf
 from expframe import schedules
 from expframe.tasks.base import Task
+
+
+def class_outputs(logits: tf.Tensor) -> Dict[str, tf.Tensor]:
+    """A classifier's serving outputs: float32 `logits`, `probabilities` (softmax),
+    `top_k_classes` (int32) and `top_k_probabilities`, k = min(5, classes), best first."""
+    logits = tf.cast(logits, tf.float32)
+    probabilities = tf.nn.softmax(logits)
+    top = tf.math.top_k(probabilities, k=min(5, int(logits.shape[-1])))
+    return {"logits": logits, "probabilities": probabilities, "top_k_classes": top.indices,
+            "top_k_probabilities": top.values}
+
+
+def image_signature(classify: Callable[[tf.Tensor], tf.Tensor],
+                    image_shape: Sequence[Optional[int]]) -> tf.types.experimental.PolymorphicFunction:
+    """A serving function: `image` float32 [None, *image_shape] -> `class_outputs(classify(image))`."""
+    @tf.function(input_signature=[tf.TensorSpec([None, *image_shape], tf.float32, name="image")])
+    def serve(image):
+        return class_outputs(classify(image))
+    return serve
 
 
 @gin.configurable
@@ -63,6 +82,16 @@ class ClassificationTask(Task):
 
     def trackables(self) -> Dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer}
+
+    def serving(self) -> Dict[str, tf.types.experimental.PolymorphicFunction]:
+        """'serving_default': `image` float32 [None, H, W, C] (the model's input shape),
+        preprocessed as the eval pipeline feeds the model (`shapes_input`: each image
+        standardized to zero mean and unit variance, or scaled to [-1, 1] with
+        `standardize = False`; `imagenet_input`: resized, centre-cropped, normalized by
+        the ImageNet mean and standard deviation) -> `class_outputs` of the model called
+        with training=False."""
+        return {"serving_default": image_signature(lambda image: self.model(image, training=False),
+                                                   tuple(self.model.input_shape[1:]))}
 
     def _input(self, split, ctx, training):
         return self._dataset_fn(split=split, ctx=ctx, batch_size=ctx.get_per_replica_batch_size(self.global_batch_size),

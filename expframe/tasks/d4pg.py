@@ -542,6 +542,21 @@ class D4PGTask(ObservationNetworks, Task):
         returns = episode_returns(self.eval_environment, self.actor.policy, self.eval_episodes)
         return {"episode_return": float(np.mean(returns))}
 
+    def serving(self) -> Dict[str, tf.types.experimental.PolymorphicFunction]:
+        """'serving_default': the noiseless policy, `observation` (what the actor feeds it,
+        `experience.observation_spec`: float32 [None, features] from states, the stacked
+        frames uint8 [None, H, W, 3 * frame_stack] from pixels, through the observation
+        network) -> `action` float32 [None, action_size] in [-1, 1]; a plain copy of the
+        acting policy (`make_acting_policy`, `acting_weights`)."""
+        policy = self.make_acting_policy(self.environment)
+        policy.set_weights(self.acting_weights())
+        shape, dtype = experience.observation_spec(self.environment)
+
+        @tf.function(input_signature=[tf.TensorSpec((None,) + shape, dtype, name="observation")])
+        def act(observation):
+            return {"action": tf.cast(policy(observation, training=False), tf.float32)}
+        return {"serving_default": act}
+
     def baseline_metrics(self, episodes: int = 10) -> Dict[str, float]:
         """Returns of uniformly random and of zero actions on this task's environment (for
         pixels, the same physics without rendering): the floor a learning result must clear

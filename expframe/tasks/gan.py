@@ -361,6 +361,30 @@ class GANTask(Task):
                 self._fake_images, n, batch)
         return sample_scores(fake, self._real_stats, self.inception_splits, self.feature_network.labels_match_data)
 
+    # -- export --------------------------------------------------------------------------
+
+    def _serving_copy(self, generator: keras.Model) -> tf.types.experimental.PolymorphicFunction:
+        """`z` float32 [None, z_dim], `label` int32 [None] -> `image` float32 [None, S, S, 3] in
+        [-1, 1], from a plain copy of `generator`'s current weights."""
+        copy = self._generator_fn(image_size=self.image_size, num_classes=self.num_classes)
+        copy.set_weights(generator.get_weights())
+
+        @tf.function(input_signature=[tf.TensorSpec([None, self.z_dim], tf.float32, name="z"),
+                                      tf.TensorSpec([None], tf.int32, name="label")])
+        def generate(z, label):
+            return {"image": tf.cast(copy([z, label], training=False), tf.float32)}
+        return generate
+
+    def serving(self) -> Dict[str, tf.types.experimental.PolymorphicFunction]:
+        """'serving_default': the generator the run samples with (`sampler`), with the
+        standing batch-norm statistics when `ema_standing_passes` > 0 (estimated here, as
+        an evaluation does; saved as its batch norms' statistics); 'online': the online
+        generator. Both as `_serving_copy` describes."""
+        self._estimate_standing_statistics()
+        with self._sampling_statistics():
+            sampler = self._serving_copy(self.sampler)
+        return {"serving_default": sampler, "online": self._serving_copy(self.generator)}
+
     # -- outputs -------------------------------------------------------------------------
 
     def sample_grid(self) -> np.ndarray:
