@@ -88,7 +88,7 @@ LONGEST_FIRST = ("tests/conformance/test_matrix.py", "tests/test_stop_matrix.py"
                  "tests/test_multi_worker.py", "tests/test_main.py", "tests/test_after_training.py",
                  "tests/test_vit_mesh_experiments.py",
                  "tests/test_reproduce.py", "tests/test_sngan_experiments.py", "tests/test_d4pg_experiments.py",
-                 "tests/test_resume_across_replicas.py", "tests/test_trainer.py")
+                 "tests/test_resume_across_replicas.py", "tests/test_export.py", "tests/test_trainer.py")
 
 
 def _file_rank(item) -> int:

@@ -242,6 +242,7 @@ class D4PGTask(ObservationNetworks, Task):
                 f"D4PGTask's train step {self.xla_incompatible}, which a DTensor mesh step cannot take "
                 f"(Replicator.target='mesh'): use Replicator.target='cpu', 'gpu' or 'tpu'.")
         env_seed, eval_seed, replay_seed, noise_seed = np.random.SeedSequence(seed).generate_state(4)
+        self._eval_seed = int(eval_seed)
         self._reseed_at_resume = False   # set by restore_acting; done at the first host call
         # With actor processes the learner does not act: no acting environment of its own (for
         # pixels no idle render worker); the evaluation environment gives the shapes.
@@ -537,7 +538,14 @@ class D4PGTask(ObservationNetworks, Task):
     # -- evaluation --------------------------------------------------------------------
 
     def evaluate(self, runner) -> Optional[Dict[str, float]]:
-        """Mean undiscounted return of `eval_episodes` episodes of the noiseless policy."""
+        """Mean undiscounted return of `eval_episodes` episodes of the noiseless policy.
+
+        The evaluation environment is reseeded from (the run's seed, the step evaluated:
+        `runner.step`), so an evaluation depends only on its checkpoint and the seed: the
+        trainer's, `--mode=eval`'s and a continuous evaluator's agree, in any order."""
+        step = getattr(runner, "step", None)
+        if step is not None:
+            self.eval_environment.reseed(int(np.random.SeedSequence([self._eval_seed, int(step)]).generate_state(1)[0]))
         self.actor.update(self.acting_weights())
         returns = episode_returns(self.eval_environment, self.actor.policy, self.eval_episodes)
         return {"episode_return": float(np.mean(returns))}
