@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from expframe.data_position import DataPosition
 from expframe.errors import ConfigError, RunError
+from expframe.run_files import disk_errors
 
 _PREFIX = "ckpt"  # tf.train.CheckpointManager's: <dir>/ckpt-<step>
 
@@ -65,10 +66,21 @@ class Checkpointer:
         return step
 
     def save(self) -> str:
-        """Writes a checkpoint at the current step (the data position is in it)."""
+        """Writes a checkpoint at the current step (the data position is in it).
+
+        A write that fails (a full disk) leaves no part of it behind (TensorFlow's
+        `ckpt-N_temp` folder included) and raises a one-line RunError naming the step and
+        the last good checkpoint, which is intact."""
         step = int(self.step.numpy())
-        self.data_position.save(self._shared_dir, step)
-        return self.manager.save(checkpoint_number=step)
+        last_good = self.manager.latest_checkpoint
+        try:
+            with disk_errors("the checkpoint", self.manager.directory, step, last_good):
+                self.data_position.save(self._shared_dir, step)
+                return self.manager.save(checkpoint_number=step)
+        except RunError:
+            if not (last_good or "").endswith(f"{_PREFIX}-{step}"):  # never the good one of this step
+                _remove_unfinished(self.manager.directory, step)
+            raise
 
     # -- the policy ---------------------------------------------------------------------
 
@@ -129,6 +141,16 @@ class Checkpointer:
             print(f"expframe: {worker} restored step {target}, the newest that every worker reads "
                   f"(it had read step {step})", flush=True)
         return target
+
+
+def _remove_unfinished(directory: str, step: int) -> None:
+    """Removes what a failed save of `step` left (its temporary folder, any part files)."""
+    for pattern in (f"{_PREFIX}-{step}_temp*", f"{_PREFIX}-{step}.*"):
+        for path in tf.io.gfile.glob(os.path.join(directory, pattern)):
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+            else:
+                tf.io.gfile.remove(path)
 
 
 def read_checkpoint(checkpoint: tf.train.Checkpoint, path: str) -> Optional[str]:

@@ -1,10 +1,21 @@
 """OS locks on a file in a run's directory: `flock`, which the kernel releases when the
 holder dies (SIGKILL included), so a killed holder never leaves a lock behind for the
-user to delete by hand (as git's `index.lock` does).
+user to delete by hand (as git's `index.lock` does). The files stay; only a live
+holder's lock counts.
 
-A continuous evaluator holds `<model_dir>/.evaluator.lock` while it runs: a second one
-on the same model_dir is refused, and a trainer that evaluates (`train_and_eval`)
-leaves the best checkpoint to it (`is_held`). No TensorFlow here.
+- `<model_dir>/.writer.lock`: the one training run that writes the model_dir holds it
+  from the end of its validation to its exit; a second trainer is refused with one line
+  naming the holder (its pid, host and start time, which the holder writes into the
+  file). Readers (eval, continuous_eval, export, plots, summaries) never take it.
+- `<model_dir>/.evaluator.lock`: a continuous evaluator holds it while it runs: a second
+  one on the same model_dir is refused, and a trainer that evaluates (`train_and_eval`)
+  leaves the best checkpoint to it (`is_held`).
+
+On the filesystems runs live on: local filesystems (ext4, xfs, tmpfs) implement flock
+between processes of the host; NFS (v4, or v3 with lockd) maps it onto byte-range locks
+that the server holds for every client, and releases them when a dead client's lease
+expires (tens of seconds); Lustre honours it across nodes only when mounted with
+`-o flock` (with `-o localflock` only between processes of one node). No TensorFlow here.
 
 Example:
     lock = dir_lock.hold(os.path.join(model_dir, dir_lock.EVALUATOR))   # None if held
@@ -12,12 +23,15 @@ Example:
     lock.release()
 """
 
+import datetime
 import fcntl
 import os
 import socket
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 EVALUATOR = ".evaluator.lock"
+WRITER = ".writer.lock"
 
 
 class Lock:
@@ -42,24 +56,43 @@ def hold(path: str) -> Optional[Lock]:
     except BlockingIOError:
         os.close(fd)
         return None
+    since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}@{socket.gethostname()}\n".encode())
+    os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {since}\n".encode())
     return Lock(path, fd)
 
 
-def is_held(path: str) -> bool:
-    """Whether a live process holds the lock of `path` (False when the file is missing)."""
-    if not os.path.exists(path):
-        return False
+def hold_waiting(path: str, wait_s: float, say: Callable[[str], None] = print) -> Optional[Lock]:
+    """`hold`, retried for up to `wait_s` seconds (a restarted job whose predecessor may
+    still be ending), with one line when it starts waiting; None if still held then."""
+    deadline = time.monotonic() + wait_s
     lock = hold(path)
-    if lock is None:
+    if lock is None and wait_s > 0:
+        say(f"expframe: waiting up to {wait_s:.0f} s for {path}, held by {holder(path)}")
+    while lock is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        lock = hold(path)
+    return lock
+
+
+def is_held(path: str) -> bool:
+    """Whether a live process holds the lock of `path` (False when the file is missing).
+    Writes nothing: it tries a shared lock on a read-only descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
         return True
-    lock.release()
-    return False
+    finally:
+        os.close(fd)
 
 
 def holder(path: str) -> str:
-    """Who wrote the lock file last (`pid@host`), or 'unknown'."""
+    """Who wrote the lock file last (`pid P on host H since T`), or 'unknown'."""
     try:
         with open(path, encoding="utf-8") as f:
             return f.read().strip() or "unknown"

@@ -23,7 +23,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe import best_checkpoint, gin_errors, init_checkpoint, provenance, run_files
+from expframe import best_checkpoint, dir_lock, gin_errors, init_checkpoint, provenance, run_files
 from expframe.checkpointer import checkpoints_in, read_checkpoint
 from expframe.continuous_eval import ContinuousEvaluator
 from expframe.errors import ConfigError, RunError
@@ -180,6 +180,10 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
         raise ConfigError(f"--mode={mode!r}: use one of {', '.join(MODES)}.")
     if not isinstance(seed, int):
         raise ConfigError(f"run_experiment.seed={seed!r} must be an integer.")
+    if mode != "export":  # found now, dry runs included: not after minutes of building
+        run_files.check_writable(model_dir)
+    if mode not in READERS:
+        _refuse_a_live_writer(model_dir)  # at once; the lock itself is taken before the first write
     keras.utils.set_random_seed(seed)
     if deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -215,7 +219,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
             step = trainer.restore(os.path.join(model_dir, "checkpoints"))  # reads only
             if mode in READERS and mode != "continuous_eval":
                 _choose_checkpoint(model_dir, checkpoint)
-            elif step == 0 and init_checkpoint is not None:
+            elif mode not in READERS and step == 0 and init_checkpoint is not None:
                 _initialise(trainer, replicator, *init)
             return {"dry_run": True, "step": step, "parsed_config": parsed_config, "target": replicator.target,
                     "num_replicas": replicator.num_replicas, "global_batch_size": trainer.global_batch_size,
@@ -240,21 +244,78 @@ def _initialise(trainer: Trainer, replicator: Replicator, source: str, include, 
         print(init_checkpoint.summary(report), flush=True)
 
 
+def _refuse_a_live_writer(model_dir: str) -> None:
+    path = os.path.join(model_dir, dir_lock.WRITER)
+    if dir_lock.is_held(path):
+        raise ConfigError(_held_message(model_dir, path))
+
+
+def _held_message(model_dir: str, path: str) -> str:
+    return (f"{model_dir} is being trained by another process ({dir_lock.holder(path)}; it holds {path}): one "
+            "training run writes a model_dir at a time; wait for it to end, stop it, or use another --model_dir "
+            "(--mode=eval and --mode=continuous_eval read it beside the trainer).")
+
+
+def _lock_wait_s() -> float:
+    """How long a trainer waits for the writer lock: a restarted job (the launcher's
+    restart, a Slurm requeue) waits for its predecessor to finish ending; a run started
+    by hand is refused at once."""
+    restarted = any(os.environ.get(name, "0") not in ("", "0")
+                    for name in ("EXPFRAME_LAUNCH_RESTARTS", "SLURM_RESTART_COUNT"))
+    return 60.0 if restarted else 0.0
+
+
+def _hold_the_writer_lock(out: RunFiles) -> Optional[dir_lock.Lock]:
+    """The chief's lock on its model_dir (dir_lock: `.writer.lock`); other workers write
+    only their private directories and take none. A ConfigError if another trainer holds it."""
+    if not out.is_chief:
+        return None
+    os.makedirs(out.model_dir, exist_ok=True)
+    path = os.path.join(out.model_dir, dir_lock.WRITER)
+    lock = dir_lock.hold_waiting(path, _lock_wait_s(), out.progress)
+    if lock is None:
+        raise ConfigError(_held_message(out.model_dir, path))
+    return lock
+
+
+def _complete(out: RunFiles, trainer: Trainer, step: int) -> Optional[dict]:
+    """The result of a run that already finished (its final checkpoint and result.json), else None."""
+    path = os.path.join(out.shared_dir, "result.json")  # every worker decides alike
+    if step < trainer.train_steps or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, model_dir: str, mode: str,
                        config_text: str, parsed_config: str, init: tuple) -> dict:
-    """Restores the newest checkpoint (or, for a new run, the init_checkpoint), then trains."""
+    """Restores the newest checkpoint (or, for a new run, the init_checkpoint), then trains.
+    It holds the model_dir's writer lock from before its first write to its end."""
+    lock = None
     try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
         restore_started = time.monotonic()
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
         restore_s = time.monotonic() - restore_started
+        done = _complete(out, trainer, step)
+        if done is not None:
+            out.progress(f"the run in {model_dir} is complete (step {step} of {trainer.train_steps}, result.json): "
+                         "nothing to do; --mode=eval evaluates it again, a larger Trainer.train_steps (with "
+                         "--allow_config_change) trains on")
+            return done
         if step == 0 and init[0] is not None:
             _initialise(trainer, replicator, *init)
         if step < trainer.train_steps:
             trainer.trace()  # errors found only while tracing the step also leave the model_dir untouched
+        lock = _hold_the_writer_lock(out)
+        newest = checkpoints_in(out.restore_dir)[:1] if os.path.isdir(out.restore_dir) else []
+        if lock is not None and newest and newest[0][0] != step:  # the last holder saved more meanwhile
+            step = trainer.restore(out.checkpoint_dir, out.restore_dir)
         out.start(config_text, step, parsed_config, run_files.resolved_choices(replicator),
                   own_eval=(mode == "train_and_eval"))
     except BaseException:
         out.close()  # a non-chief worker's private directory
+        if lock is not None:
+            lock.release()
         raise
     started = provenance.record()
     out.log_provenance(step, started)  # every start: commit, versions, machine, load
@@ -273,6 +334,8 @@ def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, 
         return result
     finally:
         out.close()
+        if lock is not None:
+            lock.release()
 
 
 def _read_only_checkpoint(trainer: Trainer) -> tf.train.Checkpoint:

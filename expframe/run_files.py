@@ -12,8 +12,11 @@ chief's checkpoints (see Trainer.save). Text files are written atomically
 (temporary file + rename), so a crash never leaves half a config or result.
 """
 
+import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from typing import Any, Dict, Optional
@@ -71,6 +74,47 @@ def check_resolved(model_dir: str, resolved: Dict[str, Any]) -> None:
                 f"to go on with {now!r}, or use a new --model_dir.")
 
 
+def check_writable(model_dir: str) -> None:
+    """Refuses a model_dir that cannot be written (permissions, a read-only mount, an
+    immutable folder): it, or the nearest folder above it that exists, must take a file.
+    The probe is an unnamed temporary file (O_TMPFILE): nothing is left behind.
+
+    Raises:
+      ConfigError: one line naming the folder and the cause.
+    """
+    folder = os.path.abspath(model_dir)
+    while not os.path.isdir(folder):
+        if os.path.exists(folder):
+            raise ConfigError(f"--model_dir={model_dir} is a file, not a folder; choose another --model_dir.")
+        folder = os.path.dirname(folder)
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--model_dir={model_dir} cannot be written ({e.strerror or e} in {folder}); fix its "
+                          "permissions or mount, or choose another --model_dir.") from None
+
+
+@contextlib.contextmanager
+def disk_errors(what: str, path: str, step: int, last_good: Optional[str] = None):
+    """Turns a failed write (a full disk, a filesystem gone read-only, quota) into one
+    line: a RunError (exit 1) naming what was written, where, at which step, and the
+    last good checkpoint."""
+    try:
+        yield
+    except (OSError, tf.errors.OpError) as e:
+        text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(getattr(e, "strerror", None) or
+                                                            getattr(e, "message", None) or e)).strip().splitlines()
+        cause = text[-1] if text else type(e).__name__
+        cause = cause if len(cause) <= 160 else "..." + cause[-157:]  # the cause is at the end
+        full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
+        kept = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was written yet"
+        advice = "free space" if full else "fix the filesystem"
+        raise RunError(f"{'no space left on the device' if full else 'cannot write'}: writing {what} of step {step} "
+                       f"into {path} failed ({cause}); {kept}; {advice}, then rerun the same command to "
+                       "resume.") from None
+
+
 class RunFiles:
     """config.gin, operative_config.gin, metrics.jsonl, TensorBoard, result.json, checkpoints/."""
 
@@ -82,6 +126,7 @@ class RunFiles:
         self.shared_dir = model_dir
         self.restore_dir = os.path.join(model_dir, "checkpoints")
         self.metrics_path = os.path.join(self.model_dir, "metrics.jsonl")
+        self.last_good: Optional[str] = None  # the newest checkpoint written, for messages
         self._writers = {}
 
     @staticmethod
@@ -156,7 +201,8 @@ class RunFiles:
         if not self.is_chief:
             return
         record = {"step": int(step), "split": split, **{k: float(v) for k, v in metrics.items()}}
-        metrics_file.append(self.metrics_path, [record])
+        with disk_errors("the metrics", self.metrics_path, step, self.last_good):
+            metrics_file.append(self.metrics_path, [record])
         writer = self._writers.get(split)
         if writer is None:
             writer = self._writers[split] = tf.summary.create_file_writer(os.path.join(self.model_dir, split))
@@ -175,10 +221,11 @@ class RunFiles:
             return
         metrics_file.append(self.metrics_path, [{"step": int(step), "split": PROVENANCE, **record}])
 
-    def sync_metrics(self) -> None:
+    def sync_metrics(self, step: int) -> None:
         """fsyncs metrics.jsonl (at every checkpoint: no gap behind a saved checkpoint)."""
         if self.is_chief:
-            metrics_file.sync(self.metrics_path)
+            with disk_errors("the metrics", self.metrics_path, step, self.last_good):
+                metrics_file.sync(self.metrics_path)
 
     def progress(self, line: str) -> None:
         if self.is_chief:

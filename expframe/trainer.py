@@ -237,8 +237,8 @@ class Trainer:
                     last_eval = self.evaluator.run(out, step)
                     self._keep_best(best, out, step, last_eval)
                 if step % self.checkpoint_every_steps == 0 or step == self.train_steps:
-                    self.checkpointer.save()
-                    out.sync_metrics()
+                    out.last_good = self.checkpointer.save()
+                    out.sync_metrics(step)
                 # Every worker stops at the same step if any of them was signalled.
                 if self.rep.agree(float(self._stop_signal is not None), "max"):
                     self._stop_signal = self._stop_signal or signal.SIGTERM

@@ -1,6 +1,7 @@
 """After training (docs/after_training.md): the best checkpoint, profiles, fine-tuning
 from another run, and continuous evaluation beside a trainer, through main.py."""
 
+import glob
 import json
 import os
 import re
@@ -72,6 +73,17 @@ def test_eval_of_the_best_checkpoint_gives_its_recorded_numbers(source, data_dir
                                [best["eval"][k] for k in sorted(best["eval"])], rtol=1e-6)
     assert (model_dir / "config.gin").stat().st_mtime_ns == before  # a reader rewrites nothing
     assert len(mr.metrics(model_dir, "train")) == len(mr.metrics(source[0], "train"))
+
+
+def test_rerunning_a_finished_run_writes_nothing_and_says_it_is_complete(source, data_dir, tmp_path):
+    model_dir = tmp_path / "copy"
+    shutil.copytree(source[0], model_dir)
+    files = {p: (os.stat(p).st_mtime_ns, os.path.getsize(p)) for p in glob.glob(str(model_dir / "**"), recursive=True)}
+    again = mr.run([QUICKSTART], model_dir, data_dir, SOURCE)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"the run in {model_dir} is complete (step 6 of 6, result.json): nothing to do" in again.stdout
+    assert {p: (os.stat(p).st_mtime_ns, os.path.getsize(p))
+            for p in glob.glob(str(model_dir / "**"), recursive=True)} == files
 
 
 # -- profiles --------------------------------------------------------------------------
@@ -204,7 +216,7 @@ def test_one_evaluator_per_model_dir(tmp_path):
     path = str(tmp_path / dir_lock.EVALUATOR)
     held = dir_lock.hold(path)
     assert held is not None and dir_lock.hold(path) is None and dir_lock.is_held(path)
-    assert dir_lock.holder(path).startswith(f"{os.getpid()}@")
+    assert dir_lock.holder(path).startswith(f"pid {os.getpid()} on host ")
     held.release()
     assert not dir_lock.is_held(path)
 

@@ -383,3 +383,57 @@ def test_continuous_evaluator(data_dir, tmp_path):
     assert evaluated == saved, (evaluated, saved)  # each checkpoint once, in step order, none skipped
     print("\ncontinuous evaluator: " + "; ".join(f"{c}: exit {code}, gone {g:.2f} s" for c, code, g in outcomes)
           + f"; {len(evaluated)} checkpoints evaluated once each")
+
+
+@pytest.mark.timeout(900)
+def test_a_second_trainer(data_dir, tmp_path):
+    """One writer per model_dir (docs/stopping.md): two trainers started at once, and one
+    started mid-run, are refused while the first trains (exit 2, one line naming the
+    holder, nothing written); SIGKILL of the holder leaves no stale lock: the same command
+    resumes, and every step is logged once, in order."""
+    model_dir = tmp_path / "run"
+    env = mr.env(data_dir)
+    params = QUICK + ("Trainer.train_steps = 100000", "Trainer.steps_per_loop = 10", "Trainer.log_every_steps = 50",
+                      "Trainer.checkpoint_every_steps = 50")
+    argv = mr.args([QUICKSTART], model_dir, params, ["--mode=train"])
+    pair = [_Tree(argv, env), _Tree(argv, env)]  # at once
+    try:
+        codes = {}
+        while not codes:  # the refused one ends within seconds; the other trains on
+            codes.update({i: t.proc.poll() for i, t in enumerate(pair) if t.proc.poll() is not None})
+            time.sleep(0.2)
+        refused = next(iter(codes))
+        first = pair[1 - refused]
+        pair[refused].finish()
+        assert codes[refused] == 2, pair[refused].output()[-3000:]
+        assert _holder_named(pair[refused].output(), model_dir), pair[refused].output()[-3000:]
+        first.wait_for_training()
+        mid = subprocess.run(argv, cwd=mr.ROOT, env=env, capture_output=True, text=True, timeout=300)  # mid-run
+        assert mid.returncode == 2 and _holder_named(mid.stderr, model_dir), mid.stderr[-3000:]
+        assert first.proc.poll() is None, first.output()[-3000:]
+        while _checkpoint_step(model_dir) is None:
+            time.sleep(0.2)
+        first.send(COLUMNS[2])  # SIGKILL: the kernel frees its lock
+        assert first.finish() == -signal.SIGKILL
+    finally:
+        for tree in pair:
+            tree.kill_leftovers()
+    killed_at = _checkpoint_step(model_dir)
+    resumed = _Tree(argv, env)
+    try:
+        resumed.wait_for_training()
+        resumed.send(COLUMNS[1])
+        assert resumed.finish() == 0, resumed.output()[-3000:]
+    finally:
+        resumed.kill_leftovers()
+    assert _resumed(resumed) == [killed_at], resumed.output()[-3000:]
+    stopped_at = _checkpoint_step(model_dir)
+    steps = _train_steps(model_dir)
+    assert steps == list(range(50, stopped_at + 1, 50)), steps  # each once, in order: no second writer's
+
+
+def _holder_named(text: str, model_dir) -> bool:
+    lines = [line for line in text.splitlines() if line.startswith("error:")]
+    return len(lines) == 1 and re.match(
+        rf"error: {re.escape(str(model_dir))} is being trained by another process \(pid \d+ on host \S+ since "
+        r"\d{4}-\d\d-\d\dT", lines[0]) is not None
