@@ -30,6 +30,8 @@ import socket
 import time
 from typing import Callable, Optional
 
+from expframe.errors import ConfigError
+
 EVALUATOR = ".evaluator.lock"
 WRITER = ".writer.lock"
 
@@ -56,6 +58,10 @@ def hold(path: str) -> Optional[Lock]:
     except BlockingIOError:
         os.close(fd)
         return None
+    except OSError as e:  # a filesystem without flock (Lustre mounted without -o flock)
+        os.close(fd)
+        raise ConfigError(f"cannot lock {path} ({e.strerror or e}): its filesystem does not support flock (on "
+                          "Lustre mount it with -o flock); use a --model_dir on a filesystem that does.") from None
     since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     os.ftruncate(fd, 0)
     os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {since}\n".encode())
