@@ -185,6 +185,19 @@ def read_checkpoint(checkpoint: tf.train.Checkpoint, path: str) -> Optional[str]
     return None
 
 
+def node_paths(view: tf.train.CheckpointView) -> Dict[int, str]:
+    """Each node of a checkpoint's object graph -> its path from the root, as the
+    checkpoint's keys spell it (`model/layer_with_weights-0/kernel`)."""
+    paths, queue = {0: ""}, [0]
+    while queue:
+        node = queue.pop(0)
+        for name, child in view.children(node).items():
+            if child not in paths:
+                paths[child] = f"{paths[node]}/{name}".lstrip("/")
+                queue.append(child)
+    return paths
+
+
 def shape_mismatches(checkpoint: tf.train.Checkpoint, path: str) -> List[Tuple[str, tuple, tuple]]:
     """(variable, shape in the checkpoint, shape now) of every variable of `checkpoint`'s
     objects whose saved value at `path` has another shape: a model changed between the
@@ -194,13 +207,7 @@ def shape_mismatches(checkpoint: tf.train.Checkpoint, path: str) -> List[Tuple[s
     try:
         view = tf.train.CheckpointView(path)
         saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-        paths, queue = {0: ""}, [0]
-        while queue:  # each node's path from the root, as in the checkpoint's keys
-            node = queue.pop(0)
-            for name, child in view.children(node).items():
-                if child not in paths:
-                    paths[child] = f"{paths[node]}/{name}".lstrip("/")
-                    queue.append(child)
+        paths = node_paths(view)
         matched = view.match(checkpoint)
     except Exception:  # noqa: BLE001  (unreadable: restore() says why)
         return []

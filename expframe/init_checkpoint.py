@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 
 from expframe.best_checkpoint import FOLDER, INDEX, path_of
-from expframe.checkpointer import checkpoints_in
+from expframe.checkpointer import checkpoints_in, node_paths
 from expframe.errors import ConfigError
 
 _BINDING = "run_experiment.init_checkpoint"
@@ -86,13 +86,7 @@ def live_variables(trackables: Dict[str, object]) -> Dict[str, object]:
 def _keys(trackables: Dict[str, object], path: str) -> Dict[int, str]:
     """id(variable) -> its key in the checkpoint at `path`, for the variables both hold."""
     view = tf.train.CheckpointView(path)
-    paths, queue = {0: ""}, [0]
-    while queue:  # each node's path from the root, as in the checkpoint's keys
-        node = queue.pop(0)
-        for name, child in view.children(node).items():
-            if child not in paths:
-                paths[child] = f"{paths[node]}/{name}".lstrip("/")
-                queue.append(child)
+    paths = node_paths(view)
     matched = view.match(tf.train.Checkpoint(**trackables))
     return {id(obj): f"{paths[node]}/.ATTRIBUTES/VARIABLE_VALUE" for node, obj in matched.items()
             if _is_variable(obj) and node in paths}

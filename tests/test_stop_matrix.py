@@ -124,6 +124,14 @@ class _Tree:
             self.proc.kill()
         return sent
 
+    def stop(self, column: str):
+        """Sends the column's signal and waits for the end: (exit code, seconds until the
+        tree was gone or None, what was left running then)."""
+        sent = self.send(column)
+        gone = self.seconds_until_gone(sent)
+        left = self.left()
+        return self.finish(), gone, left
+
     def left(self) -> Dict[int, str]:
         """What of the tree still runs: pid -> command line."""
         out = {}
@@ -213,10 +221,7 @@ def _run_row(name: str, argv: List[str], env: Dict[str, str], model_dirs, stoppe
             tree.wait_for_training()
             if promised:  # this process is the resume of the cell before
                 assert _resumed(tree) and set(_resumed(tree)) <= promised, (column, promised, tree.output()[-3000:])
-            sent = tree.send(column)
-            gone = tree.seconds_until_gone(sent)
-            left = tree.left()
-            code = tree.finish()
+            code, gone, left = tree.stop(column)
         finally:
             tree.kill_leftovers()
         out = tree.output()
@@ -353,10 +358,7 @@ def test_continuous_evaluator(data_dir, tmp_path):
             tree = _Tree(evaluate, env, ready=_EVALUATED)
             try:
                 tree.wait_for_training()
-                sent = tree.send(column)
-                gone = tree.seconds_until_gone(sent)
-                left = tree.left()
-                code = tree.finish()
+                code, gone, left = tree.stop(column)
             finally:
                 tree.kill_leftovers()
             out = tree.output()
