@@ -242,16 +242,47 @@ class SynchronousActor:
     # -- state for checkpoints ---------------------------------------------------------
 
     def state(self) -> Dict[str, np.ndarray]:
-        """Counters and the noise generator; the episode in progress is not kept."""
-        return {"counters": np.array([self.env_steps, self.episodes], np.int64),
-                "rng": np.array(json.dumps(self._rng.bit_generator.state))}
+        """Everything the next steps depend on, as numpy arrays: counters, the noise
+        generator, the episode in progress (`open`, its current `observation` and return,
+        the returns finished but not read yet), the adder's pending steps (`adder/...`)
+        and the environment's state (`environment/...`: physics, random state, frames)."""
+        open_ = self._observation is not None
+        out = {"counters": np.array([self.env_steps, self.episodes], np.int64),
+               "rng": np.array(json.dumps(self._rng.bit_generator.state)),
+               "open": np.array(open_),
+               "observation": np.asarray(self._observation) if open_ else np.zeros(0, np.float32),
+               "episode_return": np.array(self._episode_return, np.float64),
+               "finished": np.array(self._finished, np.float64)}
+        if hasattr(self.adder, "state"):
+            out.update({f"adder/{k}": v for k, v in self.adder.state().items()})
+        if self.environment is not None and hasattr(self.environment, "state"):
+            out.update({f"environment/{k}": v for k, v in self.environment.state().items()})
+        return out
 
-    def restore(self, state: Dict[str, np.ndarray]) -> None:
-        """Loads `state()`; the next `run` starts a new episode."""
+    def restore(self, state: Dict[str, np.ndarray]) -> bool:
+        """Loads `state()`: the next `run` continues the episode in progress (its next step
+        is the one the saved actor would have taken). A state without the episode (written
+        before checkpoints held it; or by an actor without an environment) loads its counters
+        and noise only: the next `run` starts a new episode.
+
+        Returns:
+          Whether the episode and environment were restored.
+        """
         self.env_steps, self.episodes = (int(v) for v in state["counters"])
         self._rng.bit_generator.state = json.loads(str(state["rng"]))
         self._observation = None
         self._finished = []
+        environment = {k[len("environment/"):]: v for k, v in state.items() if k.startswith("environment/")}
+        if "open" not in state or not environment or self.environment is None:
+            return False
+        self.environment.restore(environment)
+        if hasattr(self.adder, "restore"):
+            self.adder.restore({k[len("adder/"):]: v for k, v in state.items() if k.startswith("adder/")})
+        if bool(state["open"]):
+            self._observation = np.asarray(state["observation"])
+        self._episode_return = float(state["episode_return"])
+        self._finished = [float(r) for r in state["finished"]]
+        return True
 
 
 def run_together(actors: Sequence[SynchronousActor], num_steps: int) -> None:

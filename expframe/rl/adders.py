@@ -14,7 +14,7 @@ with gamma ** m and a terminal one (d = 0) does not bootstrap.
 """
 
 import collections
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -64,6 +64,32 @@ class NStepAdder:
             while self._steps:
                 self._write()
             self._observation = None
+
+    # -- state for checkpoints ---------------------------------------------------------
+
+    def state(self) -> Dict[str, np.ndarray]:
+        """The episode in progress: its current observation (`open`: whether there is one)
+        and its steps whose transitions are not written yet (at most n - 1), as arrays."""
+        steps = list(self._steps)
+        observation = self._observation if self._observation is not None else np.zeros(0, np.float32)
+        action = np.stack([a for _, a, _, _ in steps]) if steps else np.zeros((0, 0), np.float32)
+        return {"open": np.array(self._observation is not None),
+                "observation": observation,
+                "pending_observation": (np.stack([o for o, _, _, _ in steps]) if steps
+                                        else np.zeros((0,) + observation.shape, np.float32)),
+                "pending_action": action,
+                "pending_reward": np.array([r for _, _, r, _ in steps], np.float64),
+                "pending_discount": np.array([d for _, _, _, d in steps], np.float64)}
+
+    def restore(self, state: Dict[str, np.ndarray]) -> None:
+        """Loads what `state()` returned: the next `add` continues that episode."""
+        self._steps.clear()
+        for observation, action, reward, discount in zip(
+                state["pending_observation"], state["pending_action"], state["pending_reward"],
+                state["pending_discount"], strict=True):
+            self._steps.append((np.asarray(observation, np.float32), np.asarray(action, np.float32), float(reward),
+                                float(discount)))
+        self._observation = np.asarray(state["observation"], np.float32) if bool(state["open"]) else None
 
     def _write(self) -> None:
         """Writes the transition of the oldest pending step, which ends at the current observation."""

@@ -351,6 +351,14 @@ class FrameAdder:
         self._replay, self._stream = replay, stream
         self._channels = replay.frame_shape[-1]
 
+    def state(self) -> Dict[str, np.ndarray]:
+        """Nothing: the episode in progress (its current frame and pending steps) is the
+        replay's stream, in `FrameReplay.state()`."""
+        return {}
+
+    def restore(self, state: Dict[str, np.ndarray]) -> None:
+        del state   # the replay's state holds the stream
+
     def start(self, observation: np.ndarray) -> None:
         self._replay.start(self._stream, observation[..., -self._channels:])
 

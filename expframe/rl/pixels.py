@@ -19,7 +19,7 @@ what to install or set). Call `close()` (or let the process exit) to stop the wo
 """
 
 import collections
-from typing import Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 
@@ -100,9 +100,33 @@ class PixelControlSuiteEnvironment:
         return self._stack(), reward, discount, self._last
 
     def reseed(self, seed: int) -> None:
-        """Reseeds the task's random initial states (e.g. on resume); the next reset uses it."""
+        """Reseeds the task's random initial states (each evaluation does); the next reset uses it."""
         self._worker.reseed(seed)
         self._last = True
+
+    def state(self) -> Dict[str, np.ndarray]:
+        """The task's state from the render worker (`ControlSuiteEnvironment.state`) and
+        `frames`, the current stack (uint8 [k, size, size, 3], oldest first; none between
+        episodes): what the next steps depend on (for a checkpoint; `restore`)."""
+        out = dict(self._worker.get_state())
+        out["frames"] = (np.stack(self._frames) if self._frames
+                         else np.zeros((0,) + self.frame_shape, np.uint8))
+        return out
+
+    def restore(self, state: Dict[str, np.ndarray]) -> None:
+        """Loads what `state()` returned: the render worker's task and the frame stack.
+
+        Raises:
+          ValueError: the state is another task's or frame size's.
+        """
+        frames = np.asarray(state["frames"])
+        if frames.shape[1:] != self.frame_shape or len(frames) not in (0, self.frame_stack):
+            raise ValueError(f"the saved frame stack has shape {frames.shape}, this environment's "
+                             f"({self.frame_stack},) + {self.frame_shape} (another frame size or stack?).")
+        self._worker.set_state({k: v for k, v in state.items() if k != "frames"})
+        self._frames.clear()
+        self._frames.extend(frames.astype(np.uint8))
+        self._last = bool(state["counters"][2])
 
     def close(self) -> None:
         """Stops the render worker."""

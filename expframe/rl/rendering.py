@@ -22,7 +22,9 @@ owner stops it (SIGTERM), or at end of file on its socket (its parent has gone).
 
 Messages (pickled, `multiprocessing.connection`): ("init", kwargs) -> ("ok", info) |
 ("config_error", line) | ("render_error", line); ("reset",) -> frame;
-("step", action) -> (frame, reward, discount, last); ("reseed", seed) -> None; ("close",).
+("step", action) -> (frame, reward, discount, last); ("reseed", seed) -> None;
+("get_state",) -> the task's `state()` arrays; ("set_state", arrays) -> None | one line why
+not (`ControlSuiteEnvironment.restore`'s ValueError); ("close",).
 """
 
 import argparse
@@ -111,6 +113,21 @@ class RenderWorker:
 
     def reseed(self, seed: int) -> None:
         self._call(("reseed", int(seed)))
+
+    def get_state(self) -> Dict[str, Any]:
+        """The task's state (`ControlSuiteEnvironment.state`: physics, model changes, random
+        state, step in the episode), numpy arrays."""
+        return self._call(("get_state",))
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        """Restores `get_state()`'s arrays in the worker.
+
+        Raises:
+          ValueError: they are another task's (the worker's one line).
+        """
+        error = self._call(("set_state", dict(state)))
+        if error is not None:
+            raise ValueError(error)
 
     def __del__(self):
         # Closing our end of the socket is enough: the worker stops at end of file.
@@ -223,6 +240,15 @@ def serve(conn: Connection) -> None:
         elif message[0] == "reseed":
             env.reseed(message[1])
             conn.send(None)
+        elif message[0] == "get_state":
+            conn.send(env.state())
+        elif message[0] == "set_state":
+            try:
+                env.restore(message[1])
+            except ValueError as error:
+                conn.send(str(error).splitlines()[0])
+            else:
+                conn.send(None)
         else:
             return
 

@@ -14,6 +14,10 @@ An episode of a Control Suite task ends by its time limit (1000 control steps fo
 most tasks) with discount 1: a truncation, whose last state still has a value. A
 task whose episode ends in a terminal state reports discount 0 there.
 
+`state()` and `restore(state)` carry everything the next steps depend on (the physics,
+the model values the task set for the episode, the task's random state, the step within
+the episode), so a restored environment steps as the original would, to the bit.
+
 This module imports neither gin nor the renderer: the gin-configurable `control_suite`
 (`expframe/rl/environments.py`) builds it or its pixel variant (`expframe/rl/pixels.py`),
 and the render worker (`expframe/rl/rendering.py`) drives one in its own process.
@@ -21,7 +25,7 @@ and the render worker (`expframe/rl/rendering.py`) drives one in its own process
 
 import os
 import sys
-from typing import Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 
@@ -49,6 +53,12 @@ def _suite():
     return suite
 
 
+def _integration_state() -> int:
+    """mjSTATE_INTEGRATION: everything `mj_step` reads from mjData (MuJoCo >= 3.0)."""
+    import mujoco  # pylint: disable=import-outside-toplevel
+    return int(mujoco.mjtState.mjSTATE_INTEGRATION)
+
+
 def _split_name(name: str) -> Tuple[str, str]:
     """'domain/task' -> (domain, task); ConfigError listing the valid names otherwise."""
     suite = _suite()
@@ -63,6 +73,27 @@ def _split_name(name: str) -> Tuple[str, str]:
         raise ConfigError(f"control_suite.name={name!r}: domain {domain!r} has no task {task!r}; "
                           f"use one of {', '.join(f'{domain}/{t}' for t in tasks)}.")
     return domain, task
+
+
+# Model arrays larger than this (textures, meshes) are not compared or saved by `state()`:
+# no suite task changes them per episode, and copying them would cost megabytes per environment.
+_MODEL_ARRAY_LIMIT_BYTES = 1 << 20
+
+
+def _model_arrays(model) -> Dict[str, np.ndarray]:
+    """Copies of a MuJoCo model's numeric arrays up to `_MODEL_ARRAY_LIMIT_BYTES` each, by name."""
+    out = {}
+    for name in dir(model):
+        if name.startswith("_"):
+            continue
+        try:
+            value = getattr(model, name)
+        except Exception:  # noqa: BLE001  (an attribute the bindings cannot read: not state)
+            continue
+        numeric = isinstance(value, np.ndarray) and value.dtype.kind in "biuf"
+        if numeric and 0 < value.nbytes <= _MODEL_ARRAY_LIMIT_BYTES:
+            out[name] = value.copy()
+    return out
 
 
 class ControlSuiteEnvironment:
@@ -88,11 +119,76 @@ class ControlSuiteEnvironment:
         self.observation_size = int(sum(np.prod(s.shape) for s in self._env.observation_spec().values()))
         self.observation_shape, self.observation_dtype = (self.observation_size,), np.float32
         self._last = True
+        # The model as loaded, before any episode changed it (a reacher's target, a quadruped's terrain).
+        self._built_model = _model_arrays(self._env.physics.model.ptr)
 
     def reseed(self, seed: int) -> None:
-        """Reseeds the task's random initial states (e.g. on resume); the next reset uses it."""
+        """Reseeds the task's random initial states (each evaluation does); the next reset uses it."""
         self._env.task.random.seed(int(seed) % 2**32)
         self._last = True
+
+    def state(self) -> Dict[str, np.ndarray]:
+        """What the next steps depend on, as numpy arrays (for a checkpoint; `restore`):
+
+          physics          MuJoCo's integration state (`mj_getState`, mjSTATE_INTEGRATION:
+                           time, positions, velocities, actuator activations, controls,
+                           applied forces, mocap poses and the solver's warm start);
+          model/NAME       each model array the task changed since it was loaded (it sets
+                           some per episode: a reacher's target, a quadruped's terrain);
+          random_*         the task's random state (the next episodes' initial states);
+          counters         [control steps into the episode, episode over (reset next),
+                           episode over (this wrapper's)].
+        """
+        physics = self._env.physics
+        out = {"physics": physics.get_state(sig=_integration_state())}
+        model = physics.model.ptr
+        for name, built in self._built_model.items():
+            value = getattr(model, name)
+            if value.tobytes() != built.tobytes():
+                out[f"model/{name}"] = value.copy()
+        _, keys, position, has_gauss, gauss = self._env.task.random.get_state()
+        out.update(random_keys=np.asarray(keys, np.uint32), random_position=np.array([position, has_gauss], np.int64),
+                   random_gauss=np.array(gauss, np.float64),
+                   counters=np.array([self._env._step_count, self._env._reset_next_step, self._last],  # pylint: disable=protected-access
+                                     np.int64))
+        return out
+
+    def restore(self, state: Dict[str, np.ndarray]) -> None:
+        """Loads what `state()` returned (into an environment of the same task): the next
+        `step` or `reset` returns what the saved environment's would have.
+
+        Raises:
+          ValueError: the state is another task's.
+        """
+        physics = self._env.physics
+        saved = np.asarray(state["physics"], np.float64)
+        size = physics.get_state(sig=_integration_state()).shape
+        if saved.shape != size:
+            raise ValueError(f"the saved {self.name} physics state has {saved.shape[0]} numbers, this "
+                             f"environment's {size[0]} (another task?).")
+        model, uploaded = physics.model.ptr, False
+        for name, built in self._built_model.items():
+            target = np.asarray(state.get(f"model/{name}", built))
+            current = getattr(model, name)
+            if target.shape != current.shape:
+                raise ValueError(f"the saved {self.name} model array {name} has shape {target.shape}, this "
+                                 f"environment's {current.shape} (another task?).")
+            if current.tobytes() != target.tobytes():
+                np.copyto(current, target)
+                uploaded = uploaded or name == "hfield_data"
+        if uploaded and physics._contexts:  # pylint: disable=protected-access  # a renderer drew the old terrain
+            import mujoco  # pylint: disable=import-outside-toplevel
+            with physics.contexts.gl.make_current() as context:
+                for hfield in range(model.nhfield):
+                    context.call(mujoco.mjr_uploadHField, model, physics.contexts.mujoco.ptr, hfield)
+        physics.set_state(saved, sig=_integration_state())
+        physics.forward()   # positions, velocities and what follows from them, as after a step
+        self._env.task.random.set_state(("MT19937", np.asarray(state["random_keys"], np.uint32),
+                                         int(state["random_position"][0]), int(state["random_position"][1]),
+                                         float(state["random_gauss"])))
+        step_count, reset_next, last = (int(v) for v in state["counters"])
+        self._env._step_count, self._env._reset_next_step = step_count, bool(reset_next)  # pylint: disable=protected-access
+        self._last = bool(last)
 
     @staticmethod
     def _flatten(observation) -> np.ndarray:

@@ -28,16 +28,21 @@ The learner step (Acme's D4PG learner):
           replica-local (sync-on-read) variables: every replica copies its own, the
           same values everywhere, with no communication, inside the step.
 
-Checkpoints hold the networks, target networks, optimizers, and the acting state:
-the replay (rows, priorities, sampler state), the actor's counters and noise state.
-A resumed run continues from that replay and counters; the episode in progress at
-the checkpoint is dropped and the actor starts a new one, so resuming loses no
-replayed experience but is not bit-identical to an uninterrupted run. Random streams
-never restart on resume: the synchronous actor's noise generator continues from the
-checkpoint and its environment is reseeded from `actor_seeds(seed, 0, 0, step)` (step:
-the learner step resumed from); actor processes (`num_actors > 0`) take their seeds
-from `actor_seeds(seed, actor id, restart count, step)`, so a restarted actor and the
-actors of a resumed learner act with new episodes and noise.
+Checkpoints hold the networks, target networks, optimizers, and the acting state
+(`_ActingState`): the replay (rows, priorities, sampler state) with the episode in
+progress (the n-step adder's pending steps; for pixels the frame replay's stream), the
+actor's counters, noise generator, current observation and episode return, the acting
+environment's state (MuJoCo's integration state, the model values the task set for the
+episode, the task's random state, the step within the episode; for pixels the frame
+stack, the physics from the render worker) and the weight-lag counts. A resumed run acts
+on from where the checkpoint was: with `run_experiment.deterministic = True` it logs the
+same numbers and ends with the same checkpoint as a run never stopped (the learner's
+and the actor's speeds aside; tests/test_d4pg_resume.py). No random stream restarts or
+is reseeded on resume. The evaluation environment needs nothing: it is reseeded from
+(seed, step) at each evaluation. Actor processes (`num_actors > 0`) take their seeds from
+`actor_seeds(seed, actor id, restart count, step)` (step: the learner step resumed from),
+so a restarted actor and the actors of a resumed learner act with new episodes and noise:
+their episodes in progress are not in the checkpoint.
 """
 
 import collections
@@ -45,6 +50,7 @@ import io
 import math
 import threading
 import time
+import zipfile
 from typing import Any, Callable, Dict, Optional
 
 import gin
@@ -56,7 +62,7 @@ import expframe as xf
 from expframe.models.d4pg import d4pg_critic, d4pg_policy
 from expframe.rl import experience, losses
 from expframe.rl.actor_pool import lag_histogram
-from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds, episode_returns, trivial_policy_returns
+from expframe.rl.actors import PolicyExecutor, SynchronousActor, episode_returns, trivial_policy_returns
 from expframe.rl.environments import control_suite
 from expframe.rl.exploration import ExplorationSchedule
 from expframe.rl.learner_input import PreparedBatches
@@ -141,8 +147,9 @@ class D4PGTask(ObservationNetworks, Task):
         be behind the learner's when its chunk arrives; an older chunk is dropped and the
         actor fetches and acts again (at least Trainer.steps_per_loop: weights are published
         once per host call). The lags are logged either way: `weight_lag_*` train metrics
-        count the transitions inserted at each lag (learner steps) since the process started
-        (in-process acting: all at lag 0).
+        count the transitions inserted at each lag (learner steps) since the run started
+        (in-process acting: all at lag 0, kept in checkpoints) or the learner process did
+        (actor processes).
       actor_startup_timeout_s: the longest an actor process may take to start (import
         TensorFlow, start its renderer) before its first call; the time each took is logged
         and `actor_startup_s` (the slowest) is a train metric.
@@ -243,7 +250,6 @@ class D4PGTask(ObservationNetworks, Task):
                 f"(Replicator.target='mesh'): use Replicator.target='cpu', 'gpu' or 'tpu'.")
         env_seed, eval_seed, replay_seed, noise_seed = np.random.SeedSequence(seed).generate_state(4)
         self._eval_seed = int(eval_seed)
-        self._reseed_at_resume = False   # set by restore_acting; done at the first host call
         # With actor processes the learner does not act: no acting environment of its own (for
         # pixels no idle render worker); the evaluation environment gives the shapes.
         acting = None if self.num_actors else self._environment_fn(seed=int(env_seed))
@@ -268,7 +274,8 @@ class D4PGTask(ObservationNetworks, Task):
         self._learner_time, self._learner_steps_timed, self._call_started = 0.0, 0, None
         self._timed_calls = 0
         self._recent_returns = []
-        # Weight lag (learner steps) -> transitions inserted at it, since this process started:
+        # Weight lag (learner steps) -> transitions inserted at it, since the run started (acting
+        # in this process: restored from the checkpoint) or this process did (actor processes):
         # the trainer logs the metrics of the host call that ends a log interval only, so
         # the counts are cumulative, not per call (which would drop all calls but one).
         self._lags: collections.Counter = collections.Counter()
@@ -399,11 +406,6 @@ class D4PGTask(ObservationNetworks, Task):
         if self.num_actors:
             self._act_remotely(step, num_steps)
         else:
-            if self._reseed_at_resume and hasattr(self.environment, "reseed"):
-                # A new environment stream for the episodes after a resume at `step` (the
-                # noise generator continues from the checkpoint): not the run's first one.
-                self.environment.reseed(actor_seeds(self.seed, 0, 0, step)[0])
-            self._reseed_at_resume = False
             self.actor.update(self.acting_weights())
             self.actor.sigma = self.exploration(step, self.sigma)
             due = self._env_steps_due(step + num_steps) - self.actor.env_steps
@@ -576,14 +578,40 @@ class D4PGTask(ObservationNetworks, Task):
     # -- checkpointed acting state -------------------------------------------------------
 
     def acting_arrays(self) -> Dict[str, np.ndarray]:
-        arrays = {f"replay/{k}": v for k, v in self.replay.state().items()}
+        """The acting state as named numpy arrays (`_ActingState`): `format`, the replay
+        (`replay/...`), the actor with its episode in progress, adder and environment
+        (`actor/...`) and the weight-lag counts (`lags`: [lag, transitions] rows)."""
+        arrays = {"format": np.array(ACTING_STATE_FORMAT, np.int64)}
+        arrays.update({f"replay/{k}": v for k, v in self.replay.state().items()})
         arrays.update({f"actor/{k}": v for k, v in self.actor.state().items()})
+        arrays["lags"] = np.array(sorted(self._lags.items()), np.int64).reshape(-1, 2)
         return arrays
 
     def restore_acting(self, arrays: Dict[str, np.ndarray]) -> None:
+        """Loads `acting_arrays()`. Acting in this process continues the saved episode in the
+        saved environment (one with `state()` and `restore(state)`, as `control_suite`'s); a
+        checkpoint of format 1 (written before the episode and the environment were saved), or
+        one of an environment without them, loads too, its episode in progress lost: acting
+        starts a new episode, from the acting environment as built (a line says so)."""
+        version = int(arrays.get("format", 1))
+        if version > ACTING_STATE_FORMAT:
+            raise xf.ConfigError(
+                f"this checkpoint's D4PG acting state has format {version}, newer than this expframe's "
+                f"({ACTING_STATE_FORMAT}): resume it with the expframe that wrote it.")
         self.replay.restore({k[len("replay/"):]: v for k, v in arrays.items() if k.startswith("replay/")})
-        self.actor.restore({k[len("actor/"):]: v for k, v in arrays.items() if k.startswith("actor/")})
-        self._reseed_at_resume = True
+        continued = self.actor.restore({k[len("actor/"):]: v for k, v in arrays.items() if k.startswith("actor/")})
+        if self.num_actors:
+            return
+        if "lags" in arrays:
+            self._lags = collections.Counter({int(lag): int(count) for lag, count in arrays["lags"]})
+        if version < ACTING_STATE_FORMAT:
+            print(f"expframe: this checkpoint's D4PG acting state has format {version} (no environment state): "
+                  "the episode open at the checkpoint is lost and acting starts a new one, so this resume is "
+                  "not exact", flush=True)
+        elif not continued and self.actor.env_steps and not hasattr(self.environment, "state"):
+            print(f"expframe: the acting environment ({type(self.environment).__name__}) has no state() and "
+                  "restore(state): the episode open at the checkpoint is lost and acting starts a new one, so this "
+                  "resume is not exact", flush=True)
 
 
 def acting_parts(environment_seed: int):
@@ -597,16 +625,32 @@ def acting_parts(environment_seed: int):
                        task.exploration)
 
 
+# 2: the episode in progress, the environment's state and the weight-lag counts (exact resume);
+# 1 (no `format` entry): the replay and the actor's counters and noise only.
+ACTING_STATE_FORMAT = 2
+
+
+def npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
+    """`arrays` in numpy's .npz format (what `np.savez` writes, `np.load` reads; no pickle),
+    with every entry dated 1980-01-01: the same arrays give the same bytes, whenever written."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, value in arrays.items():
+            entry = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with archive.open(entry, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
+    return buffer.getvalue()
+
+
 class _ActingState(tf.train.experimental.PythonState):
-    """The replay and the actor's state in a checkpoint (numpy's .npz format, no pickle)."""
+    """The replay, the actor's and the acting environment's state in a checkpoint (numpy's
+    .npz format, no pickle; the same state gives the same bytes)."""
 
     def __init__(self, task: D4PGTask):
         self._task = task
 
     def serialize(self) -> bytes:
-        buffer = io.BytesIO()
-        np.savez(buffer, **self._task.acting_arrays())
-        return buffer.getvalue()
+        return npz_bytes(self._task.acting_arrays())
 
     def deserialize(self, string_value) -> None:
         with np.load(io.BytesIO(string_value), allow_pickle=False) as arrays:

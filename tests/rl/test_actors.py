@@ -83,3 +83,36 @@ class SynchronousActorTest(TestCase):
         returns = episode_returns(env, actor.policy, 2)
         self.assertEqual(len(returns), 2)
         self.assertTrue(all(0.0 < r <= 1000.0 for r in returns))
+
+    def test_a_restored_actor_continues_the_episode_in_progress(self):
+        """Its observation, return so far, the adder's pending steps and the environment's state
+        come back: a restored actor (other seeds) writes what the saved one writes, through the
+        episode's end, and reports the same returns."""
+        def actor(seed):
+            keras.utils.set_random_seed(0)
+            env = control_suite(name="cartpole/swingup", action_repeat=25, seed=seed)   # 40-step episodes
+            replay = _replay()
+            return SynchronousActor(env, PolicyExecutor(d4pg_policy(5, 1, (16,)), 5), NStepAdder(replay, 5, 0.99),
+                                    sigma=0.3, seed=seed), replay
+        saved, saved_replay = actor(1)
+        saved.run(57)
+        self.assertEqual(len(saved.finished_returns()), 1)   # the first episode's
+        written = saved_replay.size
+        state = saved.state()
+        self.assertTrue(state["open"])
+        self.assertEqual(len(state["adder/pending_reward"]), 4)
+        restored, restored_replay = actor(2)
+        restored.run(3)   # its own episode: 3 steps pending in its adder, dropped by the restore
+        self.assertTrue(restored.restore(state))
+        for a in (saved, restored):
+            a.run(50)
+        self.assertEqual((restored.env_steps, restored.episodes), (saved.env_steps, saved.episodes))
+        self.assertEqual(restored.finished_returns(), saved.finished_returns())
+        self.assertEqual(restored_replay.size, saved_replay.size - written)
+        for key, value in saved_replay.state().items():
+            if key.startswith("data/"):
+                np.testing.assert_array_equal(restored_replay.state()[key], value[written:], err_msg=key)
+        # A state without the episode (an old checkpoint's): counters and noise only, a new episode next.
+        old = {k: v for k, v in state.items() if k in ("counters", "rng")}
+        self.assertFalse(restored.restore(old))
+        self.assertIsNone(restored._observation)  # pylint: disable=protected-access

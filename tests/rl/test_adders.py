@@ -69,3 +69,31 @@ class NStepAdderTest(TestCase):
         self.assertEqual(len(replay.rows), 2)
         with self.assertRaises(ValueError):
             NStepAdder(replay, n_step=0, discount=0.9)
+
+    def test_state_carries_the_pending_steps_of_the_open_episode(self):
+        """An adder restored mid-episode (from `state()`) writes the transitions the saved one
+        writes: the n - 1 pending steps are not lost."""
+        steps = [(float(i), 1.0, i + 1) for i in range(3)]
+        later = [(float(i), 0.0 if i == 6 else 1.0, i + 1) for i in range(3, 7)]
+        saved_rows, restored_rows = _Recorder(), _Recorder()
+        saved = NStepAdder(saved_rows, n_step=4, discount=0.9)
+        saved.start(np.array([0.0], np.float32))
+        for reward, discount, next_id in steps:
+            saved.add(np.array([next_id * 10.0]), reward, discount, np.array([next_id], np.float32), False)
+        state = saved.state()
+        self.assertEqual((len(saved_rows.rows), len(state["pending_reward"])), (0, 3))
+        restored = NStepAdder(restored_rows, n_step=4, discount=0.9)
+        restored.restore(state)
+        for adder in (saved, restored):
+            for i, (reward, discount, next_id) in enumerate(later):
+                adder.add(np.array([next_id * 10.0]), reward, discount, np.array([next_id], np.float32),
+                          i == len(later) - 1)
+        self.assertEqual(len(restored_rows.rows), 7)   # the 3 pending steps' transitions among them
+        for got, expected in zip(restored_rows.rows, saved_rows.rows, strict=True):
+            for field in expected:
+                np.testing.assert_array_equal(got[field], expected[field], err_msg=field)
+        between = NStepAdder(_Recorder(), n_step=4, discount=0.9)
+        between.restore(saved.state())   # after the episode ended: nothing open, nothing pending
+        self.assertEqual(len(between.state()["pending_reward"]), 0)
+        with self.assertRaisesRegex(RuntimeError, "before start"):
+            between.add(np.zeros(1), 1.0, 1.0, np.ones(1), False)

@@ -1,6 +1,6 @@
 """Pixel observations: frames rendered headless in a worker process (beside TensorFlow), stacked
-oldest first, seeded; bad settings and a machine without a working renderer are one-line
-ConfigErrors naming what to set or install."""
+oldest first, seeded, restored from their state (checkpoints) to the bit; bad settings and a
+machine without a working renderer are one-line ConfigErrors naming what to set or install."""
 
 import os
 import signal
@@ -42,7 +42,7 @@ class PixelEnvironmentTest(TestCase):
             np.testing.assert_array_equal(env.frame, observations[-1][..., 6:])
             other = control_suite(name="cartpole/swingup", action_repeat=4, seed=4, pixels=True, size=32)
             self.assertFalse(np.array_equal(other.reset(), first))   # another seed, another start
-            other.reseed(7)   # as on resume: reseeded, the next episodes start the same way again
+            other.reseed(7)   # as each evaluation does: the next episodes start the same way again
             again = other.reset()
             other.reseed(7)
             np.testing.assert_array_equal(other.reset(), again)
@@ -59,6 +59,41 @@ class PixelEnvironmentTest(TestCase):
             env.close()
         self.assertFalse(processes.group_alive(worker.pid))
         self.assertFalse(processes.group_alive(other._worker.pid))  # pylint: disable=protected-access
+
+    def test_state_from_the_render_worker_restores_the_episode_to_the_bit(self):
+        """The worker's physics, random state and step in the episode, and the frame stack:
+        a restored environment (another seed, its own worker) renders what the saved one does,
+        through an episode's end and the next episode's start."""
+        make = lambda seed: control_suite(name="cartpole/swingup", action_repeat=25, seed=seed, pixels=True,  # noqa: E731
+                                          size=16, frame_stack=2)
+        saved, restored = make(3), make(8)
+        try:
+            actions = np.random.default_rng(0).uniform(-1.0, 1.0, (60, 1))
+            saved.reset()
+            for action in actions[:13]:
+                saved.step(action)
+            state = saved.state()
+            self.assertEqual(state["frames"].shape, (2, 16, 16, 3))
+            restored.reset()
+            restored.restore(state)
+            np.testing.assert_array_equal(restored.frame, saved.frame)
+            ends = 0
+            for action in actions[13:]:
+                expected, got = saved.step(action), restored.step(action)
+                for x, y in zip(got, expected, strict=True):
+                    np.testing.assert_array_equal(x, y)
+                if expected[-1]:   # the episode's 40th step: both start the next one alike
+                    ends += 1
+                    np.testing.assert_array_equal(restored.reset(), saved.reset())
+            self.assertEqual(ends, 1)
+            with self.assertRaisesRegex(ValueError, "frame stack"):
+                restored.restore(dict(state, frames=state["frames"][:, :8]))
+            bad = dict(state, physics=state["physics"][:-1])
+            with self.assertRaisesRegex(ValueError, "another task"):
+                restored.restore(bad)
+        finally:
+            saved.close()
+            restored.close()
 
     def test_bad_settings_are_config_errors(self):
         with self.assertRaisesRegex(ConfigError, r"control_suite.camera=5: cartpole/swingup has 2 camera\(s\)"):

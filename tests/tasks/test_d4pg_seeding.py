@@ -1,14 +1,28 @@
-"""D4PG's random streams after a resume: the synchronous actor neither restarts its
-environment stream nor its noise (the same checkpoint and step give the same stream
-again), and actor processes are seeded with the step the learner resumed from."""
+"""D4PG's random streams and episodes after a resume: the synchronous actor continues the
+episode open at the checkpoint, in the same environment state, with the same noise, and
+acts on exactly as the learner never stopped; a checkpoint of the acting state's first
+format (no environment) still loads, starting a new episode; actor processes are seeded
+with the step the learner resumed from. (Through main.py, with SIGTERM and SIGKILL:
+tests/test_d4pg_resume.py.)"""
+
+import contextlib
+import functools
+import io
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config  # disable_op_determinism is not public
 
+import expframe as xf
 import expframe.rl.actor_pool
+from expframe.rl.environments import control_suite
+from expframe.tasks.d4pg import ACTING_STATE_FORMAT
 from tests.support import TestCase
 from tests.tasks.test_d4pg import _Learner
+
+# Episodes of 40 environment steps: several end within a few host calls.
+SHORT_EPISODES = functools.partial(control_suite, name="cartpole/swingup", action_repeat=25)
 
 
 class _Started(Exception):
@@ -17,35 +31,59 @@ class _Started(Exception):
 
 class D4PGResumeSeedTest(TestCase):
 
-    def _resumed(self, path, step):
-        """A fresh learner restored from `path` that acts for the host call at `step`."""
-        learner = _Learner(1)
-        tf.train.Checkpoint(**learner.task.trackables()).read(path).assert_consumed()
-        restored_rng = learner.task.actor.state()["rng"]
-        learner.task.before_train_steps(step, 1)   # acting only: the steps need not run
-        return learner.task, restored_rng
+    def _checkpointed(self, **overrides):
+        """A learner after 3 host calls, mid-episode, and a checkpoint of it."""
+        learner = _Learner(1, environment=SHORT_EPISODES, n_step=5, **overrides)
+        for _ in range(3):
+            learner.host_call(2)
+        path = tf.train.Checkpoint(**learner.task.trackables()).write(self.get_temp_dir() + "/ckpt")
+        return learner, path
 
-    def test_synchronous_actor_after_resume_acts_with_new_episodes_and_continued_noise(self):
-        first = _Learner(1)
-        first.task.before_train_steps(0, 2)        # 200 + 2 * 32 / 8 environment steps
-        task = first.task
-        self.assertEqual((task.actor.env_steps, task.actor.episodes), (208, 0))   # episode 0 in progress
-        path = tf.train.Checkpoint(**task.trackables()).write(self.get_temp_dir() + "/ckpt")
-        saved = task.replay.inserted
-        resumed, rng = self._resumed(path, 2)
-        again, _ = self._resumed(path, 2)
-        # The noise generator continues from the checkpoint (it does not restart).
-        self.assertEqual(str(rng), str(task.actor.state()["rng"]))
-        rows = {k: v for k, v in resumed.replay.state().items() if k.startswith("data/")}
-        self.assertGreater(resumed.replay.inserted, saved)
-        # The first episode after the resume is a new one: its first observation is not
-        # the run's first episode's (the environment stream does not restart).
-        self.assertFalse(np.array_equal(rows["data/observation"][saved], rows["data/observation"][0]))
-        # The same checkpoint resumed at the same step acts the same.
-        for key, value in again.replay.state().items():
-            if key.startswith("data/"):
-                np.testing.assert_array_equal(value[:again.replay.inserted], rows[key][:resumed.replay.inserted],
-                                              err_msg=key)
+    def test_a_resumed_learner_acts_and_learns_as_the_uninterrupted_one(self):
+        tf.config.experimental.enable_op_determinism()   # as run_experiment.deterministic = True
+        self.addCleanup(tf_config.disable_op_determinism)
+        straight, path = self._checkpointed()
+        actor = straight.task.actor
+        self.assertIsNotNone(actor._observation)    # pylint: disable=protected-access  # an episode is open
+        self.assertEqual(len(actor.adder._steps), 4)   # pylint: disable=protected-access  # n - 1 steps pending
+        saved_step = straight.step
+        for _ in range(10):
+            straight.host_call(2)
+        self.assertGreaterEqual(straight.task.actor.episodes, 3)   # episodes ended after the checkpoint
+        resumed = _Learner(1, seed=5, environment=SHORT_EPISODES, n_step=5)   # other seeds: all comes from the file
+        tf.train.Checkpoint(**resumed.task.trackables()).read(path).assert_consumed()
+        resumed.step = saved_step
+        for _ in range(10):
+            metrics = resumed.host_call(2)
+        expected, got = straight.task.acting_arrays(), resumed.task.acting_arrays()
+        self.assertEqual(expected.keys(), got.keys())
+        for key, value in expected.items():
+            np.testing.assert_array_equal(got[key], value, err_msg=key)
+        for name, weights in straight.weights().items():
+            for x, y in zip(weights, resumed.weights()[name], strict=True):
+                np.testing.assert_array_equal(y, x, err_msg=name)
+        # The weight-lag counts go on from the checkpoint's (in-process acting: all at lag 0).
+        self.assertEqual(metrics["weight_lag_0"], resumed.task.actor.env_steps)
+
+    def test_a_first_format_checkpoint_loads_and_starts_a_new_episode(self):
+        learner, _ = self._checkpointed()
+        arrays = learner.task.acting_arrays()
+        kept = ("replay/", "actor/counters", "actor/rng")   # what format 1 held
+        old = {k: v for k, v in arrays.items() if k.startswith(kept)}
+        fresh = _Learner(1, environment=SHORT_EPISODES, n_step=5)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            fresh.task.restore_acting(old)
+        self.assertIn("format 1 (no environment state)", printed.getvalue())
+        self.assertEqual(len(printed.getvalue().strip().splitlines()), 1)
+        self.assertIsNone(fresh.task.actor._observation)  # pylint: disable=protected-access
+        self.assertEqual(fresh.task.actor.env_steps, learner.task.actor.env_steps)
+        fresh.step = learner.step
+        fresh.host_call(2)   # acts: a new episode
+        self.assertEqual(fresh.task.actor.env_steps, learner.task.actor.env_steps + 2 * 32 // 8)
+        newer = dict(arrays, format=np.array(ACTING_STATE_FORMAT + 1))
+        with self.assertRaisesRegex(xf.ConfigError, f"format {ACTING_STATE_FORMAT + 1}, newer than"):
+            fresh.task.restore_acting(newer)
 
     def test_actor_processes_of_a_resumed_learner_get_the_step_it_resumed_from(self):
         learner = _Learner(1, num_actors=1)
