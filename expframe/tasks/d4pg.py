@@ -248,6 +248,8 @@ class D4PGTask(ObservationNetworks, Task):
             raise xf.ConfigError(
                 f"D4PGTask's train step {self.xla_incompatible}, which a DTensor mesh step cannot take "
                 f"(Replicator.target='mesh'): use Replicator.target='cpu', 'gpu' or 'tpu'.")
+        if self.num_actors:
+            _check_actor_reproducibility(self.num_actors, deterministic)
         env_seed, eval_seed, replay_seed, noise_seed = np.random.SeedSequence(seed).generate_state(4)
         self._eval_seed = int(eval_seed)
         # With actor processes the learner does not act: no acting environment of its own (for
@@ -612,6 +614,21 @@ class D4PGTask(ObservationNetworks, Task):
             print(f"expframe: the acting environment ({type(self.environment).__name__}) has no state() and "
                   "restore(state): the episode open at the checkpoint is lost and acting starts a new one, so this "
                   "resume is not exact", flush=True)
+
+
+def _check_actor_reproducibility(num_actors: int, deterministic: bool) -> None:
+    """Actor processes act with whichever weights were published last, and the learner takes
+    whatever actor data has arrived: their runs do not repeat. Asked to (deterministic), that
+    is refused, as PyTorch's use_deterministic_algorithms refuses a nondeterministic path;
+    otherwise one line says so."""
+    if deterministic:
+        raise xf.ConfigError(
+            f"run_experiment.deterministic = True with D4PGTask.num_actors = {num_actors}: actor processes act with "
+            "whichever weights were published last and the learner takes the actor data that has arrived, so such "
+            "a run does not repeat; set D4PGTask.num_actors = 0 (acting in the learner's process repeats bit for "
+            "bit and resumes exactly) or run_experiment.deterministic = False.")
+    print(f"expframe: D4PG with {num_actors} actor process(es) is not bit-reproducible: acting follows the timing "
+          "of the weight updates (D4PGTask.num_actors = 0 acts in the learner's process, reproducibly).", flush=True)
 
 
 def acting_parts(environment_seed: int):

@@ -37,7 +37,8 @@ class _Learner:
         keras.utils.set_random_seed(seed)
         self.rep = xf.Replicator("cpu", num_replicas)
         self.task = _task(**overrides)
-        self.task.setup(self.rep, BATCH, seed=seed, deterministic=True)
+        # Actor processes do not repeat: deterministic mode refuses them.
+        self.task.setup(self.rep, BATCH, seed=seed, deterministic=not overrides.get("num_actors"))
         with self.rep.scope():
             self.task.build()
         self.iterator = iter(self.rep.distribute(self.task.train_input_fn, BATCH))

@@ -98,3 +98,13 @@ class D4PGResumeSeedTest(TestCase):
             with self.assertRaises(_Started):
                 learner.task.before_train_steps(40, 2)
         self.assertEqual(started.get("resume_step"), 40)
+
+
+def test_deterministic_actor_runs_are_refused_and_others_say_they_do_not_repeat(capsys):
+    from expframe.tasks.d4pg import _check_actor_reproducibility  # pylint: disable=import-outside-toplevel
+    with pytest.raises(xf.ConfigError, match=r"^run_experiment.deterministic = True with D4PGTask.num_actors = 2: "):
+        _check_actor_reproducibility(2, deterministic=True)
+    _check_actor_reproducibility(1, deterministic=False)
+    assert capsys.readouterr().out == (
+        "expframe: D4PG with 1 actor process(es) is not bit-reproducible: acting follows the timing of the weight "
+        "updates (D4PGTask.num_actors = 0 acts in the learner's process, reproducibly).\n")
