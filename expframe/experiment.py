@@ -182,12 +182,14 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
         raise ConfigError(f"run_experiment.seed={seed!r} must be an integer.")
     if mode != "export":  # found now, dry runs included: not after minutes of building
         run_files.check_writable(model_dir)
-    if mode not in READERS:
-        _refuse_a_live_writer(model_dir)  # at once; the lock itself is taken before the first write
     keras.utils.set_random_seed(seed)
     if deterministic:
         tf.config.experimental.enable_op_determinism()
     replicator = _gin_call(lambda: _local_replicator(mode))
+    if mode not in READERS and replicator.is_chief and not _lock_wait_s():
+        # At once, not after the build; the lock itself is taken before the first write. Only
+        # the chief: the other workers of its cluster run beside it, and a restarted job waits.
+        _refuse_a_live_writer(model_dir)
     if mode == "export":
         if export_precision not in PRECISIONS or export_precision == "auto":
             raise ConfigError(f"--export_precision={export_precision!r}: use one of float32, mixed_bfloat16, "
