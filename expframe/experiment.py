@@ -234,7 +234,8 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
         if mode == "eval":
             return _eval(trainer, replicator, out, checkpoint)
         with cluster.lost_worker_is_a_run_error(replicator.num_workers, out.restore_dir):
-            return _restore_and_train(trainer, replicator, out, model_dir, mode, config_text, parsed_config, init)
+            return _restore_and_train(trainer, replicator, out, model_dir, mode, config_text, parsed_config, init,
+                                      allow_config_change)
     finally:
         task.close()  # its processes (render workers, actors): on every exit path, signals included
 
@@ -290,19 +291,21 @@ def _complete(out: RunFiles, trainer: Trainer, step: int) -> Optional[dict]:
 
 
 def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, model_dir: str, mode: str,
-                       config_text: str, parsed_config: str, init: tuple) -> dict:
+                       config_text: str, parsed_config: str, init: tuple, allow_config_change: bool) -> dict:
     """Restores the newest checkpoint (or, for a new run, the init_checkpoint), then trains.
-    It holds the model_dir's writer lock from before its first write to its end."""
+    It holds the model_dir's writer lock from before its first write to its end. A finished
+    run is left as it is, unless its configuration may change (allow_config_change): then
+    it runs its end again (the final evaluation and result.json, with the new settings)."""
     lock = None
     try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
         restore_started = time.monotonic()
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
         restore_s = time.monotonic() - restore_started
-        done = _complete(out, trainer, step)
+        done = None if allow_config_change else _complete(out, trainer, step)
         if done is not None:
             out.progress(f"the run in {model_dir} is complete (step {step} of {trainer.train_steps}, result.json): "
-                         "nothing to do; --mode=eval evaluates it again, a larger Trainer.train_steps (with "
-                         "--allow_config_change) trains on")
+                         "nothing to do; --mode=eval evaluates it again, --allow_config_change runs its end "
+                         "again (with a larger Trainer.train_steps, trains on)")
             return done
         if step == 0 and init[0] is not None:
             _initialise(trainer, replicator, *init)
