@@ -88,9 +88,7 @@ class ContinuousEvaluator:
         self.trainer, self.out = trainer, out
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.check_config = check_config
-        # The step and the task's objects, without the data position: an evaluation needs
-        # neither the train input nor its place.
-        self.checkpoint = tf.train.Checkpoint(step=trainer.step, **trainer.task.trackables())
+        self.checkpoint = trainer.evaluation_checkpoint()
         self.best = None
         if trainer.best_checkpoint is not None:
             self.best = BestCheckpoint(out.model_dir, *trainer.best_checkpoint)

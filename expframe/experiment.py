@@ -343,14 +343,9 @@ def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, 
             lock.release()
 
 
-def _read_only_checkpoint(trainer: Trainer) -> tf.train.Checkpoint:
-    """The step and the task's objects, without the data position (a reader needs neither)."""
-    return tf.train.Checkpoint(step=trainer.step, **trainer.task.trackables())
-
-
 def _restore_chosen(trainer: Trainer, model_dir: str, checkpoint: str) -> int:
     path = _choose_checkpoint(model_dir, checkpoint)
-    cause = read_checkpoint(_read_only_checkpoint(trainer), path)
+    cause = read_checkpoint(trainer.evaluation_checkpoint(), path)
     if cause is not None:
         raise RunError(f"cannot read the checkpoint {path}: {cause}")
     return int(trainer.step.numpy())

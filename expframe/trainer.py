@@ -134,6 +134,11 @@ class Trainer:
         self.evaluator = Evaluator(replicator, task, self.global_batch_size, self.eval_steps)
         self.accumulate_steps = _accumulate_steps(task)
 
+    def evaluation_checkpoint(self) -> tf.train.Checkpoint:
+        """The step and the task's objects without the data position: what an evaluation
+        or an export restores (it needs neither the train input nor its place)."""
+        return tf.train.Checkpoint(step=self.step, **self.task.trackables())
+
     def restore(self, checkpoint_dir: str, read_dir: Optional[str] = None) -> int:
         """See `Checkpointer.restore`; returns the step to continue from."""
         return self.checkpointer.restore(checkpoint_dir, read_dir)
@@ -237,8 +242,7 @@ class Trainer:
                     last_eval = self.evaluator.run(out, step)
                     self._keep_best(best, out, step, last_eval)
                 if step % self.checkpoint_every_steps == 0 or step == self.train_steps:
-                    out.last_good = self.checkpointer.save()
-                    out.sync_metrics(step)
+                    self._save(out, step)
                 # Every worker stops at the same step if any of them was signalled.
                 if self.rep.agree(float(self._stop_signal is not None), "max"):
                     self._stop_signal = self._stop_signal or signal.SIGTERM
@@ -255,6 +259,11 @@ class Trainer:
             out.write_operative_config(gin.operative_config_str())
         return {"eval": last_eval, "step": step, "wall_time_s": time.time() - started}
 
+    def _save(self, out: "run_files.RunFiles", step: int) -> None:
+        """A checkpoint, then metrics.jsonl fsynced: no saved checkpoint is ahead of its metrics."""
+        out.last_good = self.checkpointer.save()
+        out.sync_metrics(step)
+
     def _best_keeper(self, out: "run_files.RunFiles") -> Optional[BestCheckpoint]:
         if self.best_checkpoint is None:
             return None
@@ -265,8 +274,10 @@ class Trainer:
         """The best checkpoint after an evaluation, unless a continuous evaluator keeps it."""
         if best is None or not metrics:
             return
-        if dir_lock.is_held(os.path.join(out.shared_dir, dir_lock.EVALUATOR)):
-            return  # a continuous evaluator runs on this model_dir: the best is its to keep
+        # A continuous evaluator on this model_dir keeps the best. Every worker decides alike:
+        # they all take part in writing the copy.
+        if self.rep.agree(float(dir_lock.is_held(os.path.join(out.shared_dir, dir_lock.EVALUATOR))), "max"):
+            return
         line = best.consider(step, metrics, self.checkpointer.checkpoint)
         if line:
             out.progress(line)
@@ -286,7 +297,7 @@ class Trainer:
 
     def _preempted(self, out: "run_files.RunFiles", step: int) -> Dict:
         """After a stop signal: checkpoint the step reached, say so, and end the loop."""
-        self.checkpointer.save()
+        self._save(out, step)
         out.progress(f"received {signal.Signals(self._stop_signal).name} at step {step}: "
                      f"checkpoint saved; rerun the same command to resume")
         return {"preempted": True, "step": step}
