@@ -98,6 +98,11 @@ class ActorPool:
         fewer): they import TensorFlow once and act in lockstep
         (`expframe.rl.actor_process`). A process that exits takes its actors with it;
         it is restarted as one (one restart of the budget).
+      lockstep: the actors act in lockstep with the learner (`expframe.rl.lockstep`):
+        which weights each chunk acts with and which chunks the learner takes are fixed by
+        counts, so the run repeats. An actor restart then breaks the repetition (its
+        round is acted again with new seeds; the pool says so), and an actor given up
+        (no restarts left) stops the run, since every round needs every actor.
 
     Processes are numbered 0, 1, ... and hold actors `groups[p]` (process p holds actors
     p*K .. p*K + K - 1 for K actors per process; with 1, process p is actor p).
@@ -107,8 +112,10 @@ class ActorPool:
                  sigmas: Sequence[float], seed: int, weights_every: int, capacity: int, max_restarts: int,
                  address: str = "127.0.0.1:0", resume_step: int = 0, acting: str = DEFAULT_ACTING,
                  weight_names: Optional[Sequence[str]] = None, startup_timeout_s: float = 600.0,
-                 actors_per_process: int = 1):
-        self.service = LearnerService(weights, shapes, capacity, address, names=weight_names, version=resume_step)
+                 actors_per_process: int = 1, lockstep: bool = False):
+        self.lockstep = bool(lockstep)
+        self.service = LearnerService(weights, shapes, capacity, address, names=weight_names, version=resume_step,
+                                      lockstep=num_actors if lockstep else 0)
         self.sigmas, self.seed, self.weights_every = list(sigmas), int(seed), int(weights_every)
         self.max_restarts, self.restarts = int(max_restarts), 0
         self.resume_step, self.acting = int(resume_step), acting
@@ -230,8 +237,16 @@ class ActorPool:
                 self.restarts += 1
                 self.restart_counts[group] += 1
                 _log(f"{name} (pid {process.pid}) {status}; restarting it "
-                     f"(restart {self.restarts} of {self.max_restarts})")
+                     f"(restart {self.restarts} of {self.max_restarts})"
+                     + ("; acting in lockstep, this run no longer repeats: the restart acts its round again "
+                        "with new seeds" if self.lockstep else ""))
                 self._start(group)
+            elif self.lockstep:
+                self.processes[group] = None
+                self.close()
+                raise RunError(f"D4PGTask: {name} (pid {process.pid}) {status} with no restarts left "
+                               f"(D4PGTask.max_actor_restarts={self.max_restarts}); acting in lockstep "
+                               "(run_experiment.deterministic = True), every round needs every actor: stopping.")
             else:
                 _log(f"{name} (pid {process.pid}) {status}; no restarts left, "
                      f"going on with {self.alive - len(self.groups[group])} actor(s)")
@@ -243,14 +258,16 @@ class ActorPool:
         self._check_startup()
 
     def wait_for(self, count: int, timeout_s: float) -> None:
-        """Waits until `count` transitions are pending, checking the actors every second.
+        """Waits until `count` transitions are pending (in lockstep: until the first `count`
+        rounds are complete), checking the actors every second.
 
         `timeout_s` counts from when an actor was ready (its first call), not from when the
         actors started: a slow start (8 actors importing TensorFlow on 2 cores) is not a
         failure; an actor that never becomes ready is (`startup_timeout_s`). Returns early
         once the learner has been signalled to stop (`stopping`)."""
         started = time.monotonic()
-        while not self.service.wait_for(count, timeout=1.0):
+        wait = self.service.wait_for_rounds if self.lockstep else self.service.wait_for
+        while not wait(count, timeout=1.0):
             if self.stopping:
                 return   # the learner was signalled: it checkpoints instead of waiting on
             self.check()
@@ -260,7 +277,9 @@ class ActorPool:
                 continue   # still starting
             since = max(started, min(ready))
             if time.monotonic() - since > timeout_s:
-                raise RunError(f"D4PGTask: the actors sent {self.service.pending()} of {count} transitions "
+                what = "rounds of chunks complete" if self.lockstep else "transitions"
+                have = self.service.lockstep.complete() if self.lockstep else self.service.pending()
+                raise RunError(f"D4PGTask: the actors sent {have} of {count} {what} "
                                f"in {timeout_s:.0f} s after they were ready; stopping.")
 
     def stats(self) -> Dict[int, dict]:

@@ -88,6 +88,15 @@ def actor_buffer(environment, n_step: int, discount: float) -> Tuple[Any, Any]:
     return buffer, NStepAdder(buffer, n_step, discount)
 
 
+def add_chunk(replay, actor_id: int, fields: Dict[str, np.ndarray]) -> int:
+    """Adds one actor's chunk (the service's fields) to the replay; returns the rows added."""
+    if isinstance(replay, FrameReplay):
+        replay.add_steps(actor_id, fields)
+    else:
+        replay.add(**fields)
+    return len(fields["reward"])
+
+
 def ingest(replay, service) -> int:
     """Moves the service's pending inserts into the replay; returns the steps moved."""
     if isinstance(replay, FrameReplay):

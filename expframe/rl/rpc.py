@@ -34,6 +34,13 @@ the learner sets with `allow` (the samples-per-insert ratio: actors wait for the
 learner); such an insert is first held up to `insert_wait_s` in case room appears.
 Bound to 127.0.0.1 by default; give `address='0.0.0.0:PORT'` (or a host's address)
 to serve actors on other machines.
+
+Lockstep (`lockstep=K` actors, `expframe.rl.lockstep`): the learner assigns each round of
+chunks a weights version when it publishes (`publish(..., rounds=R)`); `weights` answers an
+actor with its next chunk's version, or `WAIT` (the client retries) while that round has
+none; inserts are kept per (round, actor) and the learner takes whole rounds in order
+(`take_rounds`). Capacity, the `allow` limit and `max_lag` do not apply: the rounds are the
+flow control.
 """
 
 import collections
@@ -47,10 +54,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from expframe.rl.lockstep import Chunk, Lockstep
+
 FIELDS = ("observation", "action", "reward", "discount", "next_observation")
 MAX_HELD_INSERTS = 8   # inserts held at once waiting for room; the CPU target has 16 inter-op threads
 DUPLICATE = -2         # what both methods answer a second live sender of an actor id
 STALE = -3             # what insert answers a chunk acted with weights older than `max_lag` learner steps
+WAIT = -4              # what weights answers (lockstep) while the actor's next round has no version yet
 
 
 class DuplicateActorError(RuntimeError):
@@ -95,11 +105,13 @@ class LearnerService:
       names: the weights' names, in order (None: actors cannot check them).
       sender_timeout_s: how long an actor id stays with a sender that stopped calling.
       version: the version of `weights` (the learner step they are from, for lags in steps).
+      lockstep: 0 (actors free-running), or the number of actors acting in lockstep with
+        the learner (module docstring).
     """
 
     def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], capacity: int,
                  address: str = "127.0.0.1:0", insert_wait_s: float = 0.05, names: Optional[Sequence[str]] = None,
-                 sender_timeout_s: float = 120.0, version: int = 0):
+                 sender_timeout_s: float = 120.0, version: int = 0, lockstep: int = 0):
         host, port = address.rsplit(":", 1)
         port = int(port) or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
         self.address = f"{host}:{port}"
@@ -121,6 +133,7 @@ class LearnerService:
         self.versions_used: Dict[int, int] = {}   # actor id -> version of its last insert
         self.episode_returns: List[float] = []
         self.closed = False
+        self.lockstep = Lockstep(lockstep) if lockstep else None
         self.names = None if names is None else [str(n) for n in names]
         if self.names is not None and len(self.names) != len(self._weights):
             raise ValueError(f"LearnerService: {len(self.names)} names for {len(self._weights)} weights.")
@@ -164,15 +177,45 @@ class LearnerService:
 
     # -- learner side ------------------------------------------------------------------
 
-    def publish(self, weights: Sequence[np.ndarray], step: Optional[int] = None) -> int:
+    def publish(self, weights: Sequence[np.ndarray], step: Optional[int] = None, rounds: int = 0) -> int:
         """New policy weights for actors; returns their version: the learner step they are
-        from when `step` is given (so lags count learner steps), else the next number."""
+        from when `step` is given (so lags count learner steps), else the next number. In
+        lockstep, the rounds below `rounds` that have no version yet act with these."""
         copied = [np.array(w) for w in weights]
         with self._lock:
             self._weights = copied
             self.version = self.version + 1 if step is None else max(int(step), self.version)
+            if self.lockstep is not None:
+                self.lockstep.assign(rounds, self.version, copied)
             self._lock.notify_all()
             return self.version
+
+    def take_rounds(self, upto: int, step: int) -> List[Chunk]:
+        """(Lockstep) the chunks of the complete rounds below `upto` not taken yet, in order
+        (module docstring), removed; their lags are counted as `step` minus the version
+        each acted with (the learner step that takes them), so they do not depend on timing."""
+        with self._lock:
+            chunks = self.lockstep.take(upto)
+            self._pending_count = self.lockstep.rows
+            for actor_id, fields, returns, version in chunks:
+                lag = int(step) - version
+                self.lags[lag] += len(next(iter(fields.values())))
+                self.max_version_lag = max(self.max_version_lag, lag)
+                self.episode_returns.extend(returns)
+                self.versions_used[actor_id] = version
+            self._lock.notify_all()
+        return chunks
+
+    def wait_for_rounds(self, count: int, timeout: float) -> bool:
+        """(Lockstep) waits until the first `count` rounds are complete or `timeout` s pass."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self.lockstep.complete() < count and not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+            return self.lockstep.complete() >= count
 
     def take_lags(self) -> Dict[int, int]:
         """How many transitions were inserted at each weight lag (versions behind the newest
@@ -260,7 +303,19 @@ class LearnerService:
         with self._lock:
             if not self.closed and not self._admit(int(actor_id), int(sender)):
                 return [np.int64(DUPLICATE)] + self._weights
-            return [np.int64(-1 if self.closed else self.version)] + self._weights
+            if self.lockstep is None or self.closed:
+                return [np.int64(-1 if self.closed else self.version)] + self._weights
+            # Held a little for the learner to assign this actor's round, then WAIT (retry).
+            deadline = time.monotonic() + self.insert_wait_s
+            found = self.lockstep.fetch(int(actor_id))
+            while found is None and not self.closed and time.monotonic() < deadline:
+                self._lock.wait(max(deadline - time.monotonic(), 0.0))
+                found = self.lockstep.fetch(int(actor_id))
+            if self.closed:
+                return [np.int64(-1)] + self._weights
+            if found is None:
+                return [np.int64(WAIT)] + self._weights
+            return [np.int64(found[0])] + found[1]
 
     def _fits(self, count: int) -> bool:
         """Whether `count` more transitions fit both bounds: pending transitions under
@@ -275,6 +330,8 @@ class LearnerService:
         with self._lock:
             if not self.closed and not self._admit(int(actor_id), int(sender)):
                 return np.int64(DUPLICATE)
+            if self.lockstep is not None:
+                return self._insert_round(int(actor_id), int(version), arrays, returns)
             # Held here (not refused at once) while the learner may still let it in: the
             # insert goes through the moment `allow` or `take` makes room, and the actor
             # does not poll (each poll is an RPC, CPU on both sides of a shared machine).
@@ -310,6 +367,20 @@ class LearnerService:
             return np.int64(1)
 
 
+    def _insert_round(self, actor_id: int, version: int, arrays, returns) -> np.int64:
+        """(Lockstep, lock held) keeps the chunk for its round; the learner takes it in order."""
+        if self.closed:
+            return np.int64(-1)
+        fields = dict(zip(self.fields, arrays, strict=True))
+        if not self.lockstep.add(actor_id, fields, [float(r) for r in returns], version):
+            self.refused += 1
+            return np.int64(0)
+        self.inserted += len(arrays[0])
+        self._pending_count = self.lockstep.rows
+        self._lock.notify_all()
+        return np.int64(1)
+
+
 class ActorClient:
     """An actor's side of `LearnerService`.
 
@@ -336,15 +407,19 @@ class ActorClient:
         return [tf.constant(self.actor_id, tf.int64), tf.constant(self.sender, tf.int64)]
 
     def weights(self) -> Tuple[int, List[np.ndarray]]:
-        """(version, weights); version -1 means the learner has closed.
+        """(version, weights); version -1 means the learner has closed. In lockstep, the
+        weights of this actor's next round, asked again while the learner has not assigned it.
 
         Raises:
           DuplicateActorError: another live actor sends under this actor id.
         """
-        out = self._client.weights(*self._ids()).get_value()
-        if int(out[0]) == DUPLICATE:
-            raise self._refused()
-        return int(out[0]), [np.asarray(w) for w in out[1:]]
+        while True:
+            out = self._client.weights(*self._ids()).get_value()
+            if int(out[0]) == DUPLICATE:
+                raise self._refused()
+            if int(out[0]) != WAIT:
+                return int(out[0]), [np.asarray(w) for w in out[1:]]
+            time.sleep(0.01)
 
     def weight_names(self) -> List[str]:
         """The names the learner gives its weights, in the order it sends them ([]: none given)."""

@@ -248,8 +248,9 @@ class D4PGTask(ObservationNetworks, Task):
             raise xf.ConfigError(
                 f"D4PGTask's train step {self.xla_incompatible}, which a DTensor mesh step cannot take "
                 f"(Replicator.target='mesh'): use Replicator.target='cpu', 'gpu' or 'tpu'.")
+        self._lockstep = bool(self.num_actors and deterministic)
         if self.num_actors:
-            _check_actor_reproducibility(self.num_actors, deterministic)
+            _check_actor_reproducibility(self.num_actors, deterministic, self.weights_every, self.n_step)
         env_seed, eval_seed, replay_seed, noise_seed = np.random.SeedSequence(seed).generate_state(4)
         self._eval_seed = int(eval_seed)
         # With actor processes the learner does not act: no acting environment of its own (for
@@ -482,7 +483,7 @@ class D4PGTask(ObservationNetworks, Task):
                                         resume_step=step, acting=f"{__name__}:acting_parts",
                                         weight_names=self.acting_weight_names(),
                                         startup_timeout_s=self.actor_startup_timeout_s,
-                                        actors_per_process=self.actors_per_process)
+                                        actors_per_process=self.actors_per_process, lockstep=self._lockstep)
             self._insert_offset, self._learner_wait_s, self._remote_started = self.replay.inserted, 0.0, None
             if self.max_weight_lag is not None and self.max_weight_lag < num_steps:
                 raise xf.ConfigError(
@@ -490,6 +491,9 @@ class D4PGTask(ObservationNetworks, Task):
                     f"host call (the weights are published once per call): raise it to {num_steps} or more.")
             self.actor_pool.service.max_lag = self.max_weight_lag
         pool = self.actor_pool
+        if self._lockstep:
+            self._act_in_lockstep(step, num_steps)
+            return
         pool.service.publish(self.acting_weights(), step)   # versions are learner steps
         slack = self.weights_every + self.n_step
         pool.service.allow(self._env_steps_due(step + 2 * num_steps) - self._insert_offset + slack)
@@ -505,6 +509,35 @@ class D4PGTask(ObservationNetworks, Task):
                 # the trainer checkpoints this step instead of waiting for their transitions.
                 raise StopRequested(f"stop signal at step {step}, waiting for the actors' transitions")
             pool.wait_for(due - self.replay.inserted, self.actor_timeout_s)
+        self._learner_wait_s += time.perf_counter() - started
+        if self._remote_started is None:
+            self._remote_started = (time.perf_counter(), self.replay.inserted)
+        self._recent_returns.extend(pool.service.take_returns())
+
+    def _rounds_due(self, learner_steps: int) -> int:
+        """(Lockstep) rounds of actor chunks (one chunk of `weights_every` environment steps
+        per actor) that cover the environment steps due by `learner_steps`."""
+        due = self._env_steps_due(learner_steps) - self._insert_offset
+        return max(0, math.ceil(due / (self.num_actors * self.weights_every)))
+
+    def _act_in_lockstep(self, step: int, num_steps: int) -> None:
+        """Publishes the weights of `step` for the rounds the next host call but one needs
+        (so the actors act one call ahead, with weights one call old), then takes the rounds
+        this call needs, whole and in order (`expframe.rl.lockstep`): the same rows reach
+        the replay in the same order in every run, whatever the timing."""
+        pool = self.actor_pool
+        pool.service.publish(self.acting_weights(), step, rounds=self._rounds_due(step + 2 * num_steps))
+        due = self._rounds_due(step + num_steps)
+        started = time.perf_counter()
+        while True:
+            pool.check()
+            for actor_id, fields, _, _ in pool.service.take_rounds(due, step):
+                experience.add_chunk(self.replay, actor_id, fields)
+            if pool.service.lockstep.taken >= due:
+                break
+            if pool.stopping:
+                raise StopRequested(f"stop signal at step {step}, waiting for the actors' transitions")
+            pool.wait_for(due, self.actor_timeout_s)
         self._learner_wait_s += time.perf_counter() - started
         if self._remote_started is None:
             self._remote_started = (time.perf_counter(), self.replay.inserted)
@@ -616,19 +649,24 @@ class D4PGTask(ObservationNetworks, Task):
                   "resume is not exact", flush=True)
 
 
-def _check_actor_reproducibility(num_actors: int, deterministic: bool) -> None:
-    """Actor processes act with whichever weights were published last, and the learner takes
-    whatever actor data has arrived: their runs do not repeat. Asked to (deterministic), that
-    is refused, as PyTorch's use_deterministic_algorithms refuses a nondeterministic path;
-    otherwise one line says so."""
-    if deterministic:
+def _check_actor_reproducibility(num_actors: int, deterministic: bool, weights_every: int, n_step: int) -> None:
+    """Free-running actor processes act with whichever weights were published last, and the
+    learner takes whatever actor data has arrived: their runs do not repeat, and one line
+    says so. Asked to repeat (deterministic), the actors act in lockstep
+    (`expframe.rl.lockstep`), which needs every chunk to carry at least one transition."""
+    if not deterministic:
+        print(f"expframe: D4PG with {num_actors} free-running actor process(es) is not bit-reproducible: acting "
+              "follows the timing of the weight updates (run_experiment.deterministic = True runs the actors in "
+              "lockstep with the learner, reproducibly).", flush=True)
+        return
+    if weights_every < n_step:
         raise xf.ConfigError(
-            f"run_experiment.deterministic = True with D4PGTask.num_actors = {num_actors}: actor processes act with "
-            "whichever weights were published last and the learner takes the actor data that has arrived, so such "
-            "a run does not repeat; set D4PGTask.num_actors = 0 (acting in the learner's process repeats bit for "
-            "bit and resumes exactly) or run_experiment.deterministic = False.")
-    print(f"expframe: D4PG with {num_actors} actor process(es) is not bit-reproducible: acting follows the timing "
-          "of the weight updates (D4PGTask.num_actors = 0 acts in the learner's process, reproducibly).", flush=True)
+            f"D4PGTask.weights_every={weights_every} is below D4PGTask.n_step={n_step}: acting in lockstep "
+            "(run_experiment.deterministic = True with actor processes) counts chunks of weights_every environment "
+            f"steps, and a chunk that short can carry no transition; raise D4PGTask.weights_every to {n_step} or more.")
+    print(f"expframe: D4PG's {num_actors} actor process(es) act in lockstep with the learner "
+          "(run_experiment.deterministic = True): the weights each chunk acts with and the chunks each learner step "
+          "takes are fixed by the step count, not by timing.", flush=True)
 
 
 def acting_parts(environment_seed: int):
