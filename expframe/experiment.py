@@ -23,7 +23,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe import best_checkpoint, dir_lock, gin_errors, init_checkpoint, provenance, run_files
+from expframe import best_checkpoint, dir_lock, epochs, gin_errors, init_checkpoint, provenance, run_files
 from expframe.checkpointer import checkpoints_in, read_checkpoint
 from expframe.continuous_eval import ContinuousEvaluator
 from expframe.errors import ConfigError, RunError
@@ -215,7 +215,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
 
         check_config()
         if not allow_config_change and mode not in READERS:
-            run_files.check_resolved(model_dir, run_files.resolved_choices(replicator))
+            run_files.check_resolved(model_dir, {**run_files.resolved_choices(replicator), **trainer.resolved_steps})
         init = (init_checkpoint, init_include, init_exclude)
         if dry_run:
             step = trainer.restore(os.path.join(model_dir, "checkpoints"))  # reads only
@@ -315,8 +315,8 @@ def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, 
         newest = checkpoints_in(out.restore_dir)[:1] if os.path.isdir(out.restore_dir) else []
         if lock is not None and newest and newest[0][0] != step:  # the last holder saved more meanwhile
             step = trainer.restore(out.checkpoint_dir, out.restore_dir)
-        out.start(config_text, step, parsed_config, run_files.resolved_choices(replicator),
-                  own_eval=(mode == "train_and_eval"))
+        resolved = {**run_files.resolved_choices(replicator), **trainer.resolved_steps}
+        out.start(config_text, step, parsed_config, resolved, own_eval=(mode == "train_and_eval"))
     except BaseException:
         out.close()  # a non-chief worker's private directory
         if lock is not None:
@@ -327,14 +327,15 @@ def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, 
     if step:
         out.progress(f"resuming from step {step} ({out.checkpoint_dir}; restored in {restore_s:.2f} s)")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "
-                 f"global batch {trainer.global_batch_size}, {trainer.train_steps} steps")
+                 f"global batch {trainer.global_batch_size}, "
+                 f"{epochs.describe(trainer.train_steps, trainer.train_epochs, trainer.steps_per_epoch)}")
     try:
         summary = trainer.train(out, evaluate=(mode == "train_and_eval"))
         if summary.get("preempted"):
             return summary
         result = {"step": summary["step"], "target": replicator.target, "num_replicas": replicator.num_replicas,
                   "global_batch_size": trainer.global_batch_size, "eval": summary["eval"],
-                  "wall_time_s": round(summary["wall_time_s"], 3), "provenance": provenance.finished(started)}
+                  **out.finish_segment(summary["step"]), "provenance": provenance.finished(started)}
         out.write_result(result)
         return result
     finally:

@@ -5,6 +5,10 @@ on this machine and cached, so another machine or a changed cache can answer
 differently) is recorded in resolved.json; a resume that would resolve them
 differently is refused like a change of config.gin (`check_resolved`).
 
+A run's wall time spans its starts (segments: the first start, then one per resume):
+each start records its own in segments.json at every checkpoint (`record_segment`),
+and result.json sums them (`finish_segment`).
+
 Only the chief writes into the model_dir; other workers get a private temporary
 directory that is removed at the end. The one exception: each other worker saves
 its own data position (its shard's iterator) under checkpoints/data/ next to the
@@ -19,7 +23,8 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Any, Dict, Optional
+import time
+from typing import Any, Dict, List, Optional
 
 import keras
 import tensorflow as tf
@@ -31,6 +36,10 @@ from expframe.errors import ConfigError, RunError
 
 PROVENANCE = "provenance"  # the split of metrics.jsonl's provenance records
 RESOLVED = "resolved.json"  # what 'auto' resolved to: {binding: value}
+SEGMENTS = "segments.json"  # each start's wall time: {"segments": [{"from_step", "to_step", "start", "end"}]}
+# Why a recorded choice can resolve differently on resume, by binding (else 'auto').
+_RESOLVED_BY = {"Trainer.train_steps": "Trainer.train_epochs", "Trainer.eval_every_steps": "Trainer.eval_every_epochs",
+                "Trainer.checkpoint_every_steps": "Trainer.checkpoint_every_epochs"}
 
 
 def resolved_choices(replicator) -> Dict[str, Any]:
@@ -66,6 +75,12 @@ def check_resolved(model_dir: str, resolved: Dict[str, Any]) -> None:
                           "run's choices, or use a new --model_dir.") from None
     for binding, now in resolved.items():
         was = recorded.get(binding, now)
+        if was != now and binding in _RESOLVED_BY:
+            raise ConfigError(
+                f"{path}: {_RESOLVED_BY[binding]} comes to {binding} = {now!r} in this run, but the run in "
+                f"{model_dir} was trained with {was!r} (the train data's size changed); bind {binding} = {was!r} in "
+                f"its place and pass --allow_config_change to resume as it was trained, pass --allow_config_change "
+                f"to go on with {now!r}, or use a new --model_dir.")
         if was != now:
             raise ConfigError(
                 f"{path}: {binding} resolves to {now!r} in this run, but the run in {model_dir} was trained with "
@@ -128,6 +143,8 @@ class RunFiles:
         self.metrics_path = os.path.join(self.model_dir, "metrics.jsonl")
         self.last_good: Optional[str] = None  # the newest checkpoint written, for messages
         self._writers = {}
+        self._segments: List[Dict[str, float]] = []  # the earlier starts' (segments.json)
+        self._segment: Optional[Dict[str, float]] = None  # this start's
 
     @staticmethod
     def existing_config(model_dir: str, name: str = "config.gin"):
@@ -156,6 +173,49 @@ class RunFiles:
         if os.path.exists(self.metrics_path):
             metrics_file.rewrite(self.metrics_path,
                                  lambda text: self._metrics_up_to(resumed_step, own_eval, text, quiet=True))
+        self._segments = self._earlier_segments() if resumed_step else []
+        self._segment = {"from_step": int(resumed_step), "to_step": int(resumed_step), "start": time.time(),
+                         "end": time.time()}
+
+    def _earlier_segments(self) -> List[Dict[str, float]]:
+        """The segments of the earlier starts (segments.json), [] if none were recorded or
+        the file cannot be read (it holds timings only: a run never fails on it)."""
+        try:
+            with open(os.path.join(self.model_dir, SEGMENTS), encoding="utf-8") as f:
+                segments = json.load(f)["segments"]
+            return [{"from_step": int(s["from_step"]), "to_step": int(s["to_step"]), "start": float(s["start"]),
+                     "end": float(s["end"])} for s in segments]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+
+    def record_segment(self, step: int) -> None:
+        """This start's segment (from its start to now, at `step`), written beside the
+        earlier ones into segments.json: called at every checkpoint, so a resume finds
+        the time each earlier start spent up to its last checkpoint."""
+        if self._segment is None:
+            return
+        self._segment.update(to_step=int(step), end=time.time())
+        if self.is_chief:
+            write_json(os.path.join(self.model_dir, SEGMENTS), {"segments": self._segments + [self._segment]})
+
+    def finish_segment(self, step: int) -> Dict[str, float]:
+        """Ends this start's segment at `step` (recorded as `record_segment` does) and returns
+        result.json's wall times, in seconds:
+
+          wall_time_s: the sum of the segments, each from its start (after the build and
+            the restore: when it begins to write) to its last checkpoint, the last one to
+            now (the time a killed start spent past its last checkpoint is not counted);
+          wall_time_first_start_to_end_s: from the first segment's start to now, the
+            pauses between segments included;
+          wall_time_last_segment_s: this start's segment alone.
+        """
+        self.record_segment(step)
+        this = self._segment or {"start": time.time(), "end": time.time()}
+        first = self._segments[0]["start"] if self._segments else this["start"]
+        last = this["end"] - this["start"]
+        return {"wall_time_s": round(sum(s["end"] - s["start"] for s in self._segments) + last, 3),
+                "wall_time_first_start_to_end_s": round(this["end"] - first, 3),
+                "wall_time_last_segment_s": round(last, 3), "segments": len(self._segments) + 1}
 
     def start_reading(self) -> None:
         """An evaluator's start (eval, continuous_eval): it only appends to metrics.jsonl

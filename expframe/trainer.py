@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 import gin
 import tensorflow as tf
 
-from expframe import dir_lock, interrupts, run_files
+from expframe import dir_lock, epochs, interrupts, run_files
 from expframe.best_checkpoint import BestCheckpoint, check_binding
 from expframe.checkpointer import Checkpointer
 from expframe.chrono import Chrono
@@ -71,7 +71,7 @@ class Trainer:
 
     Args:
       train_steps: total optimizer updates (steps). With `wrap_optimizer.accumulate_steps
-        = k` each step consumes k micro-batches.
+        = k` each step consumes k micro-batches. Bind it or `train_epochs`, not both.
       global_batch_size: examples per micro-batch over all replicas (the input
         pipeline's batch): a step consumes k x global_batch_size examples.
       steps_per_loop: steps per host call, run inside one tf.function.
@@ -79,7 +79,7 @@ class Trainer:
       eval_every_steps: cadence of evaluation (None: only at the end).
       eval_steps: eval batches per evaluation (None: one pass over the eval split).
       checkpoint_every_steps: cadence of checkpoints (also written at the end and on
-        SIGTERM/SIGINT).
+        SIGTERM/SIGINT); None: 1000, or `checkpoint_every_epochs`.
       max_checkpoints: how many recent checkpoints to keep.
       best_checkpoint: (eval metric, 'max' or 'min'), e.g. ('top1', 'max'): keep a copy of
         the best evaluated checkpoint in model_dir/best/ (expframe/best_checkpoint.py);
@@ -88,24 +88,47 @@ class Trainer:
         last (counted from 1, as the progress line counts) into model_dir/train/plugins/
         profile/ (`tf.profiler.experimental`); None (the default) profiles nothing and
         costs nothing.
+      train_epochs: the run's length in epochs instead of `train_steps`: an epoch is
+        train examples // (global_batch_size x k) steps, rounded down as
+        `WarmupSchedule` counts it (expframe/epochs.py); the task must know its train
+        split's size (`Task.train_examples`). May be fractional.
+      eval_every_epochs, checkpoint_every_epochs: those cadences in epochs (instead of
+        `eval_every_steps`, `checkpoint_every_steps`).
+
+    `prepare` resolves the bindings in epochs to steps: `resolved_steps` holds them under
+    the *_steps names ({"Trainer.train_steps": 640}), which the run records in
+    resolved.json, so a resume that would count other steps is refused.
     """
 
-    def __init__(self, train_steps: int = gin.REQUIRED, global_batch_size: int = gin.REQUIRED,
+    def __init__(self, train_steps: Optional[int] = None, global_batch_size: int = gin.REQUIRED,
                  steps_per_loop: int = 100, log_every_steps: int = 100,
                  eval_every_steps: Optional[int] = None, eval_steps: Optional[int] = None,
-                 checkpoint_every_steps: int = 1000, max_checkpoints: int = 3,
+                 checkpoint_every_steps: Optional[int] = None, max_checkpoints: int = 3,
                  best_checkpoint: Optional[Tuple[str, str]] = None,
-                 profile_steps: Optional[Tuple[int, int]] = None):
-        self.train_steps = _positive_int("Trainer.train_steps", train_steps)
+                 profile_steps: Optional[Tuple[int, int]] = None, train_epochs: Optional[float] = None,
+                 eval_every_epochs: Optional[float] = None, checkpoint_every_epochs: Optional[float] = None):
+        epochs.check_bindings({"train": train_steps, "eval_every": eval_every_steps,
+                               "checkpoint_every": checkpoint_every_steps},
+                              {"train": train_epochs, "eval_every": eval_every_epochs,
+                               "checkpoint_every": checkpoint_every_epochs})
+        self.train_epochs, self.eval_every_epochs = train_epochs, eval_every_epochs
+        self.checkpoint_every_epochs = checkpoint_every_epochs
+        self.train_steps = _positive_int("Trainer.train_steps", train_steps, allow_none=True)
         self.global_batch_size = _positive_int("Trainer.global_batch_size", global_batch_size)
         self.steps_per_loop = _positive_int("Trainer.steps_per_loop", steps_per_loop)
         self.log_every_steps = _positive_int("Trainer.log_every_steps", log_every_steps)
         self.eval_every_steps = _positive_int("Trainer.eval_every_steps", eval_every_steps, allow_none=True)
         self.eval_steps = _positive_int("Trainer.eval_steps", eval_steps, allow_none=True)
-        self.checkpoint_every_steps = _positive_int("Trainer.checkpoint_every_steps", checkpoint_every_steps)
+        self.checkpoint_every_steps = _positive_int("Trainer.checkpoint_every_steps", checkpoint_every_steps,
+                                                    allow_none=True)
+        if self.checkpoint_every_steps is None and self.checkpoint_every_epochs is None:
+            self.checkpoint_every_steps = 1000
         self.max_checkpoints = _positive_int("Trainer.max_checkpoints", max_checkpoints)
         self.best_checkpoint = check_binding(best_checkpoint)
-        self.profile_steps = _profile_window(profile_steps, self.train_steps)
+        self._profile_binding = profile_steps
+        self.profile_steps = None if self.train_steps is None else _profile_window(profile_steps, self.train_steps)
+        self.steps_per_epoch: Optional[int] = None  # known in `prepare` where the task knows its train data
+        self.resolved_steps: Dict[str, int] = {}
         self._stop_signal = None
         self._progressed = False
 
@@ -122,6 +145,8 @@ class Trainer:
             replicator.check_variables(task.trackables(), type(task).__name__)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.accumulate_steps = _accumulate_steps(task)
+        self._resolve_epochs(task)
         if replicator.coordinator is not None:
             # parameter_server: per-worker pipelines, whose position cannot be checkpointed.
             self.train_iterator, position = replicator.per_worker_iterator(task.train_input_fn), None
@@ -132,7 +157,24 @@ class Trainer:
                                          DataPosition(replicator, position, self.max_checkpoints),
                                          self.max_checkpoints)
         self.evaluator = Evaluator(replicator, task, self.global_batch_size, self.eval_steps)
-        self.accumulate_steps = _accumulate_steps(task)
+
+    def _resolve_epochs(self, task: Task) -> None:
+        """The steps of the bindings given in epochs, and the epoch size for the logged
+        epoch (expframe/epochs.py). Without a binding in epochs the epoch is logged
+        where the task knows its train data's size, and nothing is refused."""
+        names = [name for name in ("train", "eval_every", "checkpoint_every")
+                 if getattr(self, f"{name}_epochs") is not None]
+        per_step = (task.examples_per_step or self.global_batch_size) * self.accumulate_steps
+        try:
+            self.steps_per_epoch = epochs.steps_per_epoch(task.train_examples(), per_step, type(task).__name__)
+        except Exception:  # noqa: BLE001  (refused below only where a binding needs it)
+            if names:
+                raise
+        for name in names:
+            steps = epochs.steps(f"Trainer.{name}_epochs", getattr(self, f"{name}_epochs"), self.steps_per_epoch)
+            setattr(self, f"{name}_steps", steps)
+            self.resolved_steps[f"Trainer.{name}_steps"] = steps
+        self.profile_steps = _profile_window(self._profile_binding, self.train_steps)
 
     def evaluation_checkpoint(self) -> tf.train.Checkpoint:
         """The step and the task's objects without the data position: what an evaluation
@@ -260,9 +302,11 @@ class Trainer:
         return {"eval": last_eval, "step": step, "wall_time_s": time.time() - started}
 
     def _save(self, out: "run_files.RunFiles", step: int) -> None:
-        """A checkpoint, then metrics.jsonl fsynced: no saved checkpoint is ahead of its metrics."""
+        """A checkpoint, then metrics.jsonl fsynced (no saved checkpoint is ahead of its
+        metrics), then this segment's wall time recorded (`RunFiles.record_segment`)."""
         out.last_good = self.checkpointer.save()
         out.sync_metrics(step)
+        out.record_segment(step)  # this start's wall time so far, kept for the run's total
 
     def _best_keeper(self, out: "run_files.RunFiles") -> Optional[BestCheckpoint]:
         if self.best_checkpoint is None:
@@ -305,9 +349,13 @@ class Trainer:
     def _log(self, out: "run_files.RunFiles", step: int, metrics: Dict[str, float], steps_per_sec: float) -> None:
         """Train metrics and the progress line; speed and ETA count training time only (Chrono)."""
         rate = steps_per_sec * self.accumulate_steps * self.task.examples_per_step
-        out.log_metrics(step, "train", dict(metrics, examples_per_sec=rate))
+        epoch = None if self.steps_per_epoch is None else epochs.epoch_at(step, self.steps_per_epoch)
+        record = dict(metrics, examples_per_sec=rate)
+        if epoch is not None:
+            record["epoch"] = epoch
+        out.log_metrics(step, "train", record)
         eta = (self.train_steps - step) / steps_per_sec if steps_per_sec > 0 else 0.0
-        out.progress(progress_line(step, self.train_steps, metrics, rate, eta))
+        out.progress(progress_line(step, self.train_steps, metrics, rate, eta, epoch))
 
 
 def _number(value: float) -> str:
@@ -316,8 +364,8 @@ def _number(value: float) -> str:
 
 
 def progress_line(step: int, train_steps: int, metrics: Dict[str, float], examples_per_sec: float,
-                  eta_s: float) -> str:
-    """The progress line: `step 40/100  loss 0.6931  accuracy 0.5000  512.0 examples/s  eta 0:00:12`.
+                  eta_s: float, epoch: Optional[float] = None) -> str:
+    """The progress line: `step 40/100  epoch 1.25  loss 0.6931  accuracy 0.5000  512.0 examples/s  eta 0:00:12`.
 
     Args:
       step: the step reached.
@@ -326,10 +374,13 @@ def progress_line(step: int, train_steps: int, metrics: Dict[str, float], exampl
         under the names the task gives them, `loss` first, then in the task's order.
       examples_per_sec: training speed.
       eta_s: seconds of training left.
+      epoch: the epoch reached (expframe/epochs.py), or None where the train data's size
+        is unknown (then not shown).
     """
     names = ["loss"] * ("loss" in metrics) + [name for name in metrics if name != "loss"]
     shown = "".join(f"  {name} {_number(float(metrics[name]))}" for name in names)
-    return (f"step {step}/{train_steps}{shown}  {examples_per_sec:,.1f} examples/s  "
+    at = f"  epoch {epoch:.2f}" if epoch is not None else ""
+    return (f"step {step}/{train_steps}{at}{shown}  {examples_per_sec:,.1f} examples/s  "
             f"eta {datetime.timedelta(seconds=int(eta_s))}")
 
 

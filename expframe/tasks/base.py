@@ -25,6 +25,9 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
   evaluate(runner)        optional override for evaluation that is not a sum over
                           batches (FID over generated samples, RL episode returns).
   trackables()            dict of objects to checkpoint (models, optimizers, ...).
+  train_examples()        optional: examples in one pass over the train split (None:
+                          unknown or endless); what `Trainer.train_epochs` and the
+                          logged epoch count in (expframe/epochs.py).
   before_train_steps(step, n)  optional, host side: runs before the trainer's next
                           host call of n train steps from `step` (D4PG acts in the
                           environment and fills its replay here).
@@ -99,6 +102,12 @@ class Task:
 
     def trackables(self) -> Dict[str, Any]:
         raise NotImplementedError
+
+    def train_examples(self) -> Optional[int]:
+        """Examples in one pass over the train split, or None where it is unknown or
+        endless (the default: a generated stream, a replay buffer). Bindings in epochs
+        (`Trainer.train_epochs`) need it; the trainer logs the epoch where it is known."""
+        return None
 
     def before_train_steps(self, step: int, num_steps: int) -> None:
         """Host side, before the trainer runs train steps step+1 .. step+num_steps. May raise
