@@ -1,0 +1,95 @@
+"""D4PG with actor processes repeats when asked (docs/d4pg.md, "Actor processes in
+lockstep"): two runs with `run_experiment.deterministic = True` and the same actors, started
+at the same time so that they compete for the cores and their timings differ, log the same
+numbers (wall-clock figures aside) and end with the same checkpoint tensors: 1 actor process
+against 1, and 2 against 2."""
+
+import os
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests import main_runner as mr
+
+STATES_GIN = "experiments/d4pg_control.gin"
+PIXELS_GIN = "experiments/d4pg_control_pixels.gin"
+TRAIN_STEPS = 40
+# Tiny networks, 40-step episodes, 4 host calls of 10 learner steps, chunks of 10
+# environment steps (2 episodes end inside each actor's first 100 steps).
+COMMON = mr.ONE_REPLICA + (
+    "run_experiment.deterministic = True", "Trainer.global_batch_size = 32", f"Trainer.train_steps = {TRAIN_STEPS}",
+    "Trainer.steps_per_loop = 10", "Trainer.log_every_steps = 10", "Trainer.eval_every_steps = 20",
+    f"Trainer.checkpoint_every_steps = {TRAIN_STEPS}", "control_suite.action_repeat = 25",
+    "D4PGTask.samples_per_insert = 8.0", "D4PGTask.eval_episodes = 1", "D4PGTask.weights_every = 10")
+STATES = COMMON + ("d4pg_policy.layer_sizes = (16, 16)", "d4pg_critic.layer_sizes = (16, 16)",
+                   "D4PGTask.min_replay_size = 50")
+PIXELS = COMMON + ("control_suite.size = 16", "control_suite.frame_stack = 2", "drq_encoder.num_filters = 4",
+                   "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "d4pg_policy.layer_sizes = (16,)",
+                   "d4pg_critic.layer_sizes = (16,)", "D4PGTask.min_replay_size = 40",
+                   "D4PGTask.max_replay_size = 2000")
+# Wall-clock figures: the only numbers two runs may log differently.
+TIMING = re.compile(r"_per_sec$|^learner_wait_s$|^actor_startup_s$")
+BOOKKEEPING = ("save_counter/.ATTRIBUTES/VARIABLE_VALUE",)
+
+
+def _records(model_dir):
+    return [{k: v for k, v in r.items() if not TIMING.search(k)} for r in mr.metrics(model_dir)
+            if r["split"] in ("train", "eval")]
+
+
+def _tensors(model_dir):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", f"ckpt-{TRAIN_STEPS}"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map() if name not in BOOKKEEPING}
+
+
+def _two_runs_at_once(tmp_path, gin_file, params):
+    """Starts the same run twice at once on 2 model dirs; returns them once both ended."""
+    dirs = [tmp_path / "first", tmp_path / "second"]
+    procs = [subprocess.Popen(mr.args([gin_file], d, params), cwd=mr.ROOT, env=mr.env(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+             for d in dirs]
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output[-3000:]
+        assert "act in lockstep with the learner" in output, output[-2000:]
+    return dirs
+
+
+def _assert_same(first, second, actors):
+    records, again = _records(first), _records(second)
+    assert [(r["split"], r["step"]) for r in records] == [("train", s) for s in (10, 20)] + [("eval", 20)] + [
+        ("train", s) for s in (30, 40)] + [("eval", 40)]
+    differ = [(a["split"], a["step"], k, a[k], b.get(k)) for a, b in zip(records, again, strict=True)
+              for k in a if b.get(k) != a[k]]
+    assert not differ, f"{len(differ)} numbers differ; the first (split, step, name, first, second): {differ[:4]}"
+    last = [r for r in records if r["split"] == "train"][-1]
+    assert last["actors_alive"] == actors and last["actor_restarts"] == 0
+    # Every chunk after the first host call was acted with weights exactly one call old.
+    assert last["max_weights_version_lag"] == 10 and last["weight_lag_9to16"] > 0
+    assert last["replay_size"] > 50 and "train_episode_return" in last
+    tensors, tensors_again = _tensors(first), _tensors(second)
+    assert tensors.keys() == tensors_again.keys() and len(tensors) > 20
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(tensors_again[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("actors", [1, 2])
+def test_two_deterministic_runs_with_actor_processes_are_equal(actors, tmp_path):
+    first, second = _two_runs_at_once(tmp_path, STATES_GIN, STATES + (f"D4PGTask.num_actors = {actors}",))
+    _assert_same(first, second, actors)
+
+
+@pytest.mark.slow  # pixels: 4 processes with render workers, about 90 s on 2 cores
+def test_two_deterministic_pixel_runs_with_two_actors_in_one_process_are_equal(tmp_path):
+    params = PIXELS + ("D4PGTask.num_actors = 2", "D4PGTask.actors_per_process = 2")
+    first, second = _two_runs_at_once(tmp_path, PIXELS_GIN, params)
+    _assert_same(first, second, 2)
