@@ -149,7 +149,13 @@ class D4PGTask(ObservationNetworks, Task):
         once per host call). The lags are logged either way: `weight_lag_*` train metrics
         count the transitions inserted at each lag (learner steps) since the run started
         (in-process acting: all at lag 0, kept in checkpoints) or the learner process did
-        (actor processes).
+        (actor processes). Not used in lockstep, where every chunk is one host call old.
+      lockstep: whether actor processes act in lockstep with the learner
+        (`expframe.rl.lockstep`: the weights each chunk acts with and the chunks each
+        learner step takes fixed by counts, so runs repeat). None: when
+        `run_experiment.deterministic` is on. False with deterministic is refused (such a
+        run would not repeat); True without it measures lockstep's cost
+        (benchmarks/d4pg_lockstep.py).
       actor_startup_timeout_s: the longest an actor process may take to start (import
         TensorFlow, start its renderer) before its first call; the time each took is logged
         and `actor_startup_s` (the slowest) is a train metric.
@@ -180,7 +186,8 @@ class D4PGTask(ObservationNetworks, Task):
                  weights_every: int = 100, max_actor_restarts: int = 2,
                  actor_service_address: str = "127.0.0.1:0", actor_timeout_s: float = 120.0,
                  actor_startup_timeout_s: float = 600.0, max_weight_lag: Optional[int] = None,
-                 observation_network: Optional[Callable[..., keras.Model]] = None, actors_per_process: int = 1):
+                 observation_network: Optional[Callable[..., keras.Model]] = None, actors_per_process: int = 1,
+                 lockstep: Optional[bool] = None):
         positive_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
         _check("discount", 0.0 <= discount <= 1.0, discount, "must be in [0, 1]")
         _check("n_step", positive_int(n_step), n_step, "must be a positive integer")
@@ -234,6 +241,8 @@ class D4PGTask(ObservationNetworks, Task):
         _check("max_weight_lag", max_weight_lag is None or positive_int(max_weight_lag), max_weight_lag,
                "must be a positive integer (learner steps) or None")
         self.max_weight_lag = max_weight_lag
+        _check("lockstep", lockstep in (None, True, False), lockstep, "must be True, False or None")
+        self.lockstep = lockstep
         self.actor_pool = None
 
     # -- set-up ------------------------------------------------------------------------
@@ -248,9 +257,10 @@ class D4PGTask(ObservationNetworks, Task):
             raise xf.ConfigError(
                 f"D4PGTask's train step {self.xla_incompatible}, which a DTensor mesh step cannot take "
                 f"(Replicator.target='mesh'): use Replicator.target='cpu', 'gpu' or 'tpu'.")
-        self._lockstep = bool(self.num_actors and deterministic)
+        lockstep = deterministic if self.lockstep is None else self.lockstep
+        self._lockstep = bool(self.num_actors and lockstep)
         if self.num_actors:
-            _check_actor_reproducibility(self.num_actors, deterministic, self.weights_every, self.n_step)
+            _check_actor_reproducibility(self.num_actors, deterministic, lockstep, self.weights_every, self.n_step)
         env_seed, eval_seed, replay_seed, noise_seed = np.random.SeedSequence(seed).generate_state(4)
         self._eval_seed = int(eval_seed)
         # With actor processes the learner does not act: no acting environment of its own (for
@@ -649,12 +659,20 @@ class D4PGTask(ObservationNetworks, Task):
                   "resume is not exact", flush=True)
 
 
-def _check_actor_reproducibility(num_actors: int, deterministic: bool, weights_every: int, n_step: int) -> None:
+def _check_actor_reproducibility(num_actors: int, deterministic: bool, lockstep: bool, weights_every: int,
+                                 n_step: int) -> None:
     """Free-running actor processes act with whichever weights were published last, and the
     learner takes whatever actor data has arrived: their runs do not repeat, and one line
     says so. Asked to repeat (deterministic), the actors act in lockstep
-    (`expframe.rl.lockstep`), which needs every chunk to carry at least one transition."""
-    if not deterministic:
+    (`expframe.rl.lockstep`), which needs every chunk to carry at least one transition;
+    deterministic with lockstep turned off is refused, as PyTorch's
+    use_deterministic_algorithms refuses a nondeterministic path."""
+    if deterministic and not lockstep:
+        raise xf.ConfigError(
+            f"run_experiment.deterministic = True with D4PGTask.lockstep = False and D4PGTask.num_actors = "
+            f"{num_actors}: free-running actors act with whichever weights were published last, so the run would "
+            "not repeat; leave D4PGTask.lockstep unset (None) or turn run_experiment.deterministic off.")
+    if not lockstep:
         print(f"expframe: D4PG with {num_actors} free-running actor process(es) is not bit-reproducible: acting "
               "follows the timing of the weight updates (run_experiment.deterministic = True runs the actors in "
               "lockstep with the learner, reproducibly).", flush=True)
@@ -662,11 +680,11 @@ def _check_actor_reproducibility(num_actors: int, deterministic: bool, weights_e
     if weights_every < n_step:
         raise xf.ConfigError(
             f"D4PGTask.weights_every={weights_every} is below D4PGTask.n_step={n_step}: acting in lockstep "
-            "(run_experiment.deterministic = True with actor processes) counts chunks of weights_every environment "
+            "(run_experiment.deterministic = True or D4PGTask.lockstep = True) counts chunks of weights_every environment "
             f"steps, and a chunk that short can carry no transition; raise D4PGTask.weights_every to {n_step} or more.")
-    print(f"expframe: D4PG's {num_actors} actor process(es) act in lockstep with the learner "
-          "(run_experiment.deterministic = True): the weights each chunk acts with and the chunks each learner step "
-          "takes are fixed by the step count, not by timing.", flush=True)
+    print(f"expframe: D4PG's {num_actors} actor process(es) act in lockstep with the learner: the weights each "
+          "chunk acts with and the chunks each learner step takes are fixed by the step count, not by timing.",
+          flush=True)
 
 
 def acting_parts(environment_seed: int):

@@ -100,11 +100,17 @@ class D4PGResumeSeedTest(TestCase):
         self.assertEqual(started.get("resume_step"), 40)
 
 
-def test_deterministic_actor_runs_are_refused_and_others_say_they_do_not_repeat(capsys):
+def test_actor_runs_say_whether_they_repeat_and_deterministic_free_running_is_refused(capsys):
     from expframe.tasks.d4pg import _check_actor_reproducibility  # pylint: disable=import-outside-toplevel
-    with pytest.raises(xf.ConfigError, match=r"^run_experiment.deterministic = True with D4PGTask.num_actors = 2: "):
-        _check_actor_reproducibility(2, deterministic=True)
-    _check_actor_reproducibility(1, deterministic=False)
+    with pytest.raises(xf.ConfigError, match=r"^run_experiment.deterministic = True with D4PGTask.lockstep = False "):
+        _check_actor_reproducibility(2, deterministic=True, lockstep=False, weights_every=100, n_step=5)
+    with pytest.raises(xf.ConfigError, match=r"^D4PGTask.weights_every=4 is below D4PGTask.n_step=5: "):
+        _check_actor_reproducibility(2, deterministic=True, lockstep=True, weights_every=4, n_step=5)
+    capsys.readouterr()
+    _check_actor_reproducibility(1, deterministic=False, lockstep=False, weights_every=100, n_step=5)
     assert capsys.readouterr().out == (
-        "expframe: D4PG with 1 actor process(es) is not bit-reproducible: acting follows the timing of the weight "
-        "updates (D4PGTask.num_actors = 0 acts in the learner's process, reproducibly).\n")
+        "expframe: D4PG with 1 free-running actor process(es) is not bit-reproducible: acting follows the timing of "
+        "the weight updates (run_experiment.deterministic = True runs the actors in lockstep with the learner, "
+        "reproducibly).\n")
+    _check_actor_reproducibility(2, deterministic=True, lockstep=True, weights_every=5, n_step=5)
+    assert capsys.readouterr().out.startswith("expframe: D4PG's 2 actor process(es) act in lockstep with the learner")
