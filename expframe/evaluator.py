@@ -1,8 +1,9 @@
 """Evaluation: the task's `evaluate(runner)`, by default an exact masked pass over the
 eval split (every example once, at any batch and replica count)."""
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from expframe.data import masked
@@ -61,6 +62,22 @@ class Evaluator:
         With `eval_steps` None: one exact pass, every example once (see
         expframe/data/masked.py); else `eval_steps` batches, cycling the data.
         """
+        summed = self.evaluate_sums()
+        if summed is None:
+            return None
+        totals, count = summed
+        return {k: float(v) / count for k, v in totals.items()}
+
+    def evaluate_sums(self) -> Optional[Tuple[Dict[str, np.ndarray], float]]:
+        """The task's eval_step outputs summed over replicas and eval batches, and the count.
+
+        As `evaluate_by_steps`, before the division: for a task whose metrics are not
+        means of its sums (a compiled Keras metric's state, expframe/tasks/keras_model.py).
+        An output may be a tensor of any shape, summed element by element.
+
+        Returns:
+          ({name: sum}, the examples counted), or None without eval data.
+        """
         rep = self.replicator
         workers = 1 if self._asynchronous else rep.num_workers
         ctx = tf.distribute.InputContext(workers, rep.worker_index, rep.num_replicas)
@@ -83,7 +100,7 @@ class Evaluator:
         totals, steps = {}, 0
         while True:  # a full pass ends at the first step without a real example on any replica
             try:
-                sums = {k: float(v) for k, v in self._eval_step(rep.step_input(iterator)).items()}
+                sums = {k: np.asarray(v, np.float64) for k, v in self._eval_step(rep.step_input(iterator)).items()}
             except Exception as e:  # noqa: BLE001  (re-raised: the contract's one line, or as it came)
                 if contract_error(self.task, e) is e:
                     raise
@@ -94,15 +111,15 @@ class Evaluator:
             steps += 1
             if not full_pass and steps == self.eval_steps:
                 break
-        real = totals.pop(_REAL, 0.0)
+        real = float(totals.pop(_REAL, 0.0))
         if real == 0:
             raise ConfigError(f"{type(self.task).__name__}: the eval data is empty; check its split "
                               "or set ClassificationTask.eval_split = None for no evaluation.")
         if totals.get("count") != real:
             raise RunError(f"{type(self.task).__name__}.eval_step returned count={totals.get('count')} for "
                            f"{real:.0f} real examples: weight its sums and count by batch['{masked.MASK}'].")
-        count = totals.pop("count")
-        return {k: v / count for k, v in totals.items()}
+        count = float(totals.pop("count"))
+        return totals, count
 
     def _eval_body(self, iterator):
         """One eval step on every replica: the task's sums plus the real example count."""
