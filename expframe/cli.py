@@ -140,7 +140,9 @@ def _run(argv) -> int:
             dry_run=FLAGS.dry_run, checkpoint=FLAGS.checkpoint, export_dir=FLAGS.export_dir,
             export_precision=FLAGS.export_precision, eval_timeout_s=FLAGS.eval_timeout_s)
     except (errors.ConfigError, errors.RunError) as e:
-        print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        line = str(e).strip().splitlines()[0]
+        # A configuration error that names a binding says where it was bound (file and line).
+        print(f"error: {gin_errors.located(line) if isinstance(e, errors.ConfigError) else line}", file=sys.stderr)
         if isinstance(e, errors.WorkerLostError):  # TensorFlow's teardown would wait for the lost peer
             from expframe.replicator import cluster  # pylint: disable=import-outside-toplevel
             cluster.exit_now(e.exit_code)

@@ -16,8 +16,9 @@ from typing import List, Optional, Sequence
 
 import gin
 import keras
+from gin import config_parser
 
-from expframe import gin_paths
+from expframe import gin_errors, gin_paths
 from expframe.errors import ConfigError
 from expframe.gin_errors import IMPORT_STATEMENT, explain
 
@@ -107,6 +108,36 @@ def _install_reader() -> None:
     readers.insert(0, entry)
 
 
+class _ValuesUnread(config_parser.ParserDelegate):
+    """Parses references and macros to nothing: `_record_bindings` wants only where each
+    binding is (gin itself has already parsed the values)."""
+
+    def configurable_reference(self, scoped_configurable_name, evaluate):
+        return None
+
+    def macro(self, macro_name):
+        return None
+
+
+def _record_bindings(text: str, where: str, path: Optional[str] = None, depth: int = 0) -> None:
+    """Notes where each binding of `text` (a gin file at `path`, or a --gin_param) is, its
+    includes' in their place, in the order gin applies them (`gin_errors.record_binding`).
+    Gin has parsed the same text already; should this second reading fail, errors are
+    only left without their location."""
+    try:
+        statements = list(config_parser.ConfigParser(text, _ValuesUnread()))
+    except Exception:  # noqa: BLE001  (see the docstring)
+        return
+    for statement in statements:
+        if isinstance(statement, config_parser.BindingStatement) and statement.arg_name:
+            place = f"{path}:{statement.location.line_num}" if path else where
+            gin_errors.record_binding(statement.scope, statement.selector, statement.arg_name, place)
+        elif isinstance(statement, config_parser.IncludeStatement) and depth < 20:
+            included = gin_paths.resolve(statement.filename, path, what=f"include '{statement.filename}' in {where}")
+            with open(included, encoding="utf-8") as f:
+                _record_bindings(f.read(), where, included, depth + 1)
+
+
 def parse(gin_files: Sequence[str], gin_params: Sequence[str]) -> str:
     """Parses gin files then bindings; returns the config text 'as given'.
 
@@ -121,6 +152,7 @@ def parse(gin_files: Sequence[str], gin_params: Sequence[str]) -> str:
     register_symbols()
     _install_reader()
     gin.clear_config()
+    gin_errors.forget_bindings()
     for folder in reversed(gin_paths.search_path()):
         gin_paths.add_module_dir(folder)
     given = []
@@ -132,13 +164,16 @@ def parse(gin_files: Sequence[str], gin_params: Sequence[str]) -> str:
         except Exception as e:  # gin raises many types; all are the user's config.
             raise ConfigError(explain(e, f"--gin_file={path}", _FILES.error_file)) from None
         with open(resolved, encoding="utf-8") as f:
-            given.append(f"# --gin_file={path}\n{f.read().rstrip()}\n")
+            text = f.read()
+        _record_bindings(text, f"--gin_file={path}", resolved)
+        given.append(f"# --gin_file={path}\n{text.rstrip()}\n")
     for binding in gin_params:
         _FILES.error_file = None
         try:
             gin.parse_config(binding)
         except Exception as e:  # pylint: disable=broad-except
             raise ConfigError(explain(e, f"--gin_param={binding!r}", _FILES.error_file)) from None
+        _record_bindings(binding, f"--gin_param={binding!r}")
         given.append(f"# --gin_param\n{binding}\n")
     return "\n".join(given)
 

@@ -1,4 +1,5 @@
-"""Epochs: the trainer's bindings in epochs, converted to steps, and the epoch of a step.
+"""Epochs: the trainer's bindings in epochs, converted to steps, and the epoch of a step
+(and the checks of the trainer's counts, in steps or epochs).
 
 A train pipeline here is endless (its batches are drawn from one global stream of
 examples, `expframe/data/order.py`, with `drop_remainder=True`), so an epoch is not a
@@ -30,6 +31,18 @@ from expframe.errors import ConfigError
 
 # floor(E x S) of a float E that is meant to be whole (0.29 x 100 = 28.999999999999996).
 _SLACK = 1e-9
+
+
+def positive_int(binding: str, value, allow_none: bool = False) -> Optional[int]:
+    """`value` if it is a positive int (or None when allowed), else a ConfigError naming
+    `binding` (with the int to write for a whole float: gin reads 1e3 as 1000.0)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        whole = isinstance(value, float) and value.is_integer() and value >= 1
+        hint = f" (write {int(value)}: gin reads 1e3 or 1000.0 as a float)" if whole else ""
+        raise ConfigError(f"{binding}={value!r} must be a positive integer{' or None' if allow_none else ''}{hint}.")
+    return value
 
 
 def positive_number(binding: str, value, allow_none: bool = True) -> Optional[float]:

@@ -4,9 +4,14 @@ the file and line (or the binding) and what to do.
 Two moments: while gin files and bindings are parsed (`explain`: a syntax error, an
 unknown configurable or parameter, a module that cannot be imported) and while the
 configurables are called (`config_error_from`: a missing binding, a value of the
-wrong type or range). This module imports no expframe component, so any of them may
-use it (`bindings_to` names what to change in an error); the registry that imports
-every component is `expframe.config`.
+wrong type or range). Gin keeps no record of where a value was bound, so the parse
+records it (`record_binding`, from `expframe.config.parse`), and `located` puts the
+file and line (or the --gin_param) before an error that names a bound binding
+(`Trainer.train_steps=1000.0 must be ...`), whichever component raised it.
+
+This module imports no expframe component, so any of them may use it (`bindings_to`
+names what to change in an error); the registry that imports every component is
+`expframe.config`.
 """
 
 import difflib
@@ -14,7 +19,7 @@ import inspect
 import os
 import re
 import tokenize
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import gin
 
@@ -26,6 +31,10 @@ IMPORT_STATEMENT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+)?import\s+([\w.]+)")
 _LOCATION = re.compile(r'In file "([^"]+)", line (\d+)\n\s*(.*)')
 _UNKNOWN = re.compile(r"No configurable matching (?:reference )?'@?([^'(]+)(?:\(\))?'")
 _PARAMETER = re.compile(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'")
+# An error that starts with a binding and its value: `[scope/]Configurable.parameter=...`.
+_NAMES_BINDING = re.compile(r"^(?:([\w./]+)/)?([\w.]+)\.(\w+) ?=")
+# (scope, configurable's short name, parameter) -> where its last binding was parsed.
+_BOUND_AT: Dict[Tuple[str, str, str], str] = {}
 # How close a registered name must be to be offered as the one meant (difflib's ratio:
 # 'Trainr' is 0.92 to 'Trainer'; 'WaveTask' is 0.62 to 'waves', another thing entirely).
 CLOSE = 0.8
@@ -194,3 +203,26 @@ def bindings_to(name: str) -> List[str]:
     `name` (`@name`, `@module.name` or `@name()`): for errors that say what to change."""
     pattern = re.compile(rf"^(\S+) = @(?:[\w.]+\.)?{re.escape(name)}(?:\(\))?$")
     return [m.group(1) for m in map(pattern.match, gin.config_str().splitlines()) if m]
+
+
+def forget_bindings() -> None:
+    """Starts a new record of where bindings are (a new parse)."""
+    _BOUND_AT.clear()
+
+
+def record_binding(scope: str, selector: str, parameter: str, where: str) -> None:
+    """Notes that `scope/selector.parameter` was bound at `where` (`path:line`, or
+    `--gin_param='...'`); a later binding of the same parameter replaces it, as in gin."""
+    _BOUND_AT[(scope or "", selector.rsplit(".", 1)[-1], parameter)] = where
+
+
+def located(message: str) -> str:
+    """`message`, with the file and line (or --gin_param) of the binding it starts with
+    put before it: `experiments/x.gin:12: Trainer.train_steps=1000.0 must be a positive
+    integer.` Unchanged when it names no recorded binding (or already starts with one)."""
+    named = _NAMES_BINDING.match(message)
+    if not named:
+        return message
+    where = _BOUND_AT.get((named.group(1) or "", named.group(2).rsplit(".", 1)[-1], named.group(3)))
+    return f"{where}: {message}" if where else message
+

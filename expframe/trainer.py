@@ -25,13 +25,7 @@ from expframe.evaluator import Evaluator
 from expframe.replicator import ReplicatedOptimizer
 from expframe.tasks.base import StopRequested, Task, check_step_output, contract_error
 
-
-def _positive_int(binding: str, value, allow_none: bool = False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{binding}={value!r} must be a positive integer{' or None' if allow_none else ''}.")
-    return value
+_positive_int = epochs.positive_int
 
 
 def _accumulate_steps(task: Task) -> int:
