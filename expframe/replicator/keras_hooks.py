@@ -10,6 +10,7 @@ library can have, so each module that overrides a hook calls `require_hook` when
 it is imported, and fails loudly on a Keras that does not have it.
 """
 
+import inspect
 from typing import Optional
 
 import keras
@@ -41,7 +42,9 @@ def require_hook(owner: type, name: str, user: str, consequence: str,
     if set_by is None and not callable(getattr(owner, name, None)):
         problem = f"{where} has no method {name}"
     for method_name in (m for m in (called_by, set_by) if m):
-        code = getattr(getattr(owner, method_name, None), "__code__", None)
+        # The function itself, under decorators that wrap it (Keras filters tracebacks).
+        method = getattr(owner, method_name, None)
+        code = getattr(inspect.unwrap(method) if callable(method) else method, "__code__", None)
         if problem is None and (code is None or name not in code.co_names):
             verb = "calls" if method_name == called_by else "sets"
             problem = f"{where}.{method_name} no longer {verb} {name}"
