@@ -38,12 +38,22 @@ Usage:
 `$TFDS_DATA_DIR` if set, else `~/tensorflow_datasets`. The data lands in
 `<data_dir>/shapes/<config>/<version>/`. Nothing touches the network: there is
 nothing to download, and TFDS's GCS lookup is switched off for these builds.
+A build says so, in place of TFDS's "Downloading and preparing dataset Unknown
+size ..." and "... downloaded and prepared to ..." (here `<dir>` is
+`<data_dir>/shapes/32x32/2.0.0`):
+
+    shapes/32x32: generating 20,000 train and 2,000 test images locally (drawn with
+        numpy; nothing is downloaded) into <dir> ...
+    shapes/32x32: generated 22,000 images locally in <seconds> s: <size on disk> in
+        <dir>; later runs reuse them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import time
+import warnings
 from typing import Callable, Iterator
 
 import numpy as np
@@ -66,6 +76,17 @@ _SUPERSAMPLES = 96  # anti-aliasing: draw at least ~96 samples per side, then av
 # of the shape's radius after undoing the image's rotation, and says which lie
 # inside. Every shape fits in the unit disc, so a shape of radius r pixels whose
 # centre is at least r from each border lies wholly inside the image.
+
+# TFDS (tensorflow-datasets 4.9) prints its "Downloading and preparing dataset ..." and
+# "Dataset ... downloaded and prepared to ..." lines from these two DatasetBuilder
+# methods, which `Shapes` overrides to say what it really does. A TFDS without them
+# would print its own lines again: say so at import rather than silently.
+_TFDS_MESSAGES = ("_log_download_bytes", "_log_download_done")
+if not all(callable(getattr(tfds.core.DatasetBuilder, name, None)) for name in _TFDS_MESSAGES):
+    warnings.warn(f"expframe.data.shapes: tensorflow-datasets {tfds.__version__} has no DatasetBuilder."
+                  f"{' or '.join(_TFDS_MESSAGES)} (tensorflow-datasets 4.9 has): building shapes may print TFDS's "
+                  "'Downloading and preparing dataset' line, though nothing is downloaded.", stacklevel=1)
+
 
 def _half_planes(u: np.ndarray, v: np.ndarray, n: int, dist: float) -> np.ndarray:
     """How many of the n half-planes u*cos(a) + v*sin(a) <= dist, a = 2*pi*k/n, hold."""
@@ -244,6 +265,22 @@ class Shapes(tfds.core.GeneratorBasedBuilder):
             supervised_keys=("image", "label"),
             disable_shuffling=True,  # stored in id order, in which the classes are already random
         )
+
+    def _log_download_bytes(self) -> None:
+        """Replaces TFDS's "Downloading and preparing dataset Unknown size ..." line: what
+        is generated, and where (nothing is downloaded)."""
+        config = self.builder_config
+        self._generation_started = time.monotonic()
+        print(f"{self.name}/{config.name}: generating {config.num_train:,} train and {config.num_test:,} test "
+              f"images locally (drawn with numpy; nothing is downloaded) into {self.data_dir} ...", flush=True)
+
+    def _log_download_done(self) -> None:
+        """Replaces TFDS's "Dataset ... downloaded and prepared to ..." line: what was
+        generated, how long it took, its size on disk and where."""
+        config = self.builder_config
+        took = time.monotonic() - getattr(self, "_generation_started", time.monotonic())
+        print(f"{self.name}/{config.name}: generated {config.num_train + config.num_test:,} images locally in "
+              f"{took:.1f} s: {self.info.dataset_size} in {self.data_dir}; later runs reuse them.", flush=True)
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
         del dl_manager  # nothing to download
