@@ -9,10 +9,15 @@ loop, two copies of the same bytes: numpy `np.copyto` into a preallocated array,
 TF op that must write a new buffer (`x * s` with `s` a runtime scalar, which grappler
 cannot fold away like `x + 0` or `tf.identity`). It also times the same all-reduce under
 other `cross_device_ops` of a MirroredStrategy over the same devices, to show which
-reduction the `cpu` target should use. Medians over repeats; a table on stdout and
-JSON in `benchmarks/results/collectives.json`.
+reduction the `cpu` target should use. Medians over repeats (default 30); a table on
+stdout and JSON in `benchmarks/results/collectives.json`. Each row also holds, per
+reduction, the spread of its paired ratios (sample i of the all-reduce / sample i of the
+numpy copy, taken one after the other in the same repeat): `spread` maps
+`<variant>_over_copy_numpy` to its minimum, median, maximum and 95 % bootstrap interval
+of the median (expframe/reproduce/spread.py).
 
-Goal (the issue): all-reduce of 64 MB across 2 CPU replicas within 3x one copy.
+Goal (the issue): all-reduce of 64 MB across 2 CPU replicas within 3x one copy (a cost:
+lower is better; a regression when the whole interval is above 3).
 """
 
 import argparse
@@ -25,6 +30,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from expframe.reproduce import spread  # numpy only: TensorFlow is not started here
 
 # Imported by _import_tf(), after the allocator is chosen: TensorFlow reads
 # TF_CPU_ALLOCATOR_USE_BFC once, when its CPU allocator is first created.
@@ -171,12 +178,15 @@ def run(sizes, replicas, repeats, variants):
                 for name, fn in cases.items():
                     samples[name].append(_time(fn, inner))
             med = {name: statistics.median(s) for name, s in samples.items()}
+            paired = {f"{k}_over_copy_numpy": spread.of([a / b for a, b in zip(v, samples["copy_numpy"], strict=True)])
+                      for k, v in samples.items() if not k.startswith("copy")}
             row = {"size_bytes": size, "replicas": n, "repeats": repeats, "calls_per_sample": inner,
                    "median_s": med,
                    "ratio_to_copy_numpy": {k: v / med["copy_numpy"] for k, v in med.items()
                                            if not k.startswith("copy")},
                    "ratio_to_copy_tf": {k: v / med["copy_tf"] for k, v in med.items()
-                                        if not k.startswith("copy")}}
+                                        if not k.startswith("copy")},
+                   "spread": paired}
             results.append(row)
             _print_row(row, variants)
             del cases
@@ -220,10 +230,14 @@ def _measure(args):
     if goal:
         ratios = goal["ratio_to_copy_numpy"]
         best = min(ratios, key=ratios.get)
+        found = goal["spread"][f"{DEFAULT}_over_copy_numpy"]
         summary = {"ratio": ratios[DEFAULT], "met": ratios[DEFAULT] <= GOAL_RATIO,
+                   "paired": found["median"], "interval": [found["low"], found["high"]],
+                   "verdict": spread.verdict(found, spread.at_most(GOAL_RATIO)),
                    "fastest_variant": best, "fastest_ratio": ratios[best]}
         print(f"goal ({args.allocator}): 64 MB on 2 replicas, {DEFAULT} = {ratios[DEFAULT]:.2f}x np copy "
-              f"({'met' if summary['met'] else 'MISSED'}, goal <= {GOAL_RATIO}x); "
+              f"({'met' if summary['met'] else 'MISSED'}, goal <= {GOAL_RATIO}x); paired {found['median']:.2f}x, "
+              f"95% interval {found['low']:.2f}-{found['high']:.2f}: {summary['verdict']}; "
               f"fastest: {best} = {ratios[best]:.2f}x")
     return {"allocator": args.allocator, "tensorflow": tf.__version__, "summary": summary,
             "results": results}
@@ -232,7 +246,8 @@ def _measure(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (smoke run)")
-    parser.add_argument("--repeats", type=int, default=None, help="samples per measurement (default 7)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="samples per measurement (default 30: expframe/reproduce/spread.py's REPEATS)")
     parser.add_argument("--variants", default="replicator,reduce_to_first_device,reduce_to_host_cpu,"
                         "hierarchical_copy",
                         help="comma-separated reductions to compare; also: collective_ring")
@@ -241,7 +256,7 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                        "results", "collectives.json"))
     args = parser.parse_args(argv)
-    args.repeats = args.repeats or (3 if args.quick else 7)
+    args.repeats = args.repeats or (3 if args.quick else spread.REPEATS)
     if args.allocator != "both":
         runs = [_measure(args)]
     else:  # one fresh process per allocator: the choice is fixed at TF start-up.

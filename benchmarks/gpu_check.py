@@ -124,9 +124,10 @@ def resnet_rows(target: str, sizes: dict, precisions: Sequence[str], jits: Seque
                 for name in RUNNERS:
                     row[name] = round(measured[name]["images_per_sec"], 2)
                 default = "on" if measured["keras_fit"]["keras_default_jit_compile"] else "off"
-                row["note"] = (f"expframe/handwritten {measured['expframe_over_handwritten_paired']:.2f}, "
-                               f"expframe/fit {measured['expframe_over_keras_fit_paired']:.2f}; "
-                               f"Keras fit's default here: XLA {default}")
+                ratios = measured["spread"]
+                row["note"] = (f"expframe/handwritten {_interval(ratios['expframe_over_handwritten'])}, "
+                               f"expframe/fit {_interval(ratios['expframe_over_keras_fit'])} (paired, "
+                               f"{sizes['repeats']} repeats); Keras fit's default here: XLA {default}")
                 row["measured"] = measured
             except Exception as e:  # pylint: disable=broad-except  (a failing cell is a result)
                 row["note"] = f"FAILED: {type(e).__name__}: {_first_line(e)}"
@@ -134,6 +135,11 @@ def resnet_rows(target: str, sizes: dict, precisions: Sequence[str], jits: Seque
             rows.append(row)
             emit(row)
     return rows
+
+
+def _interval(found: dict) -> str:
+    """`0.97 (0.95-1.00)`: a paired ratio's median and 95 % interval (expframe/reproduce/spread.py)."""
+    return f"{found['median']:.2f} ({found['low']:.2f}-{found['high']:.2f})"
 
 
 def matrix_rows(target: str, entry: str, timeout_s: float) -> List[Dict]:

@@ -20,10 +20,15 @@ default MirroredStrategy instead), and trains it on one synthetic in-memory batc
                timing `model.fit(dataset, epochs=1, steps_per_epoch=k)` calls (so each
                call includes fit's own per-call set-up: iterator, callbacks).
 
-The three are timed interleaved (one call each, in rotating order) and compared by
-median images/s. It also measures the machine's peak matmul rate (a square
-tf.matmul, float32 and bfloat16, 2 n^3 FLOPs per product) and reports model FLOPs
-utilisation as MLPerf and the scaling literature count it, 2 FLOPs per multiply-add:
+The three are timed interleaved (one call each, in rotating order). Each ratio is
+paired, expframe's speed over the other's (call i of the other's seconds / call i of
+expframe's), and reported with its spread over the repeats (each row's `spread`:
+minimum, median, maximum and a 95 % bootstrap interval of the median,
+expframe/reproduce/spread.py), as is expframe's MFU; `--repeats` defaults to 30, enough
+for a ratio's interval of +-5 % (3 for --quick, whose figures are not for quoting).
+It also measures the machine's peak matmul rate (a square tf.matmul, float32 and
+bfloat16, 2 n^3 FLOPs per product) and reports model FLOPs utilisation as MLPerf and
+the scaling literature count it, 2 FLOPs per multiply-add:
 
     MFU = 3 x 2 x 4.1 G x (size / 224)^2 x images/s / peak matmul FLOP/s
 
@@ -32,10 +37,19 @@ GFLOP); training is 3x the forward pass (forward + backward), 24.6 GFLOP per ima
 at 224; convolution FLOPs scale with the pixel count, (size / 224)^2.
 
 Cost: each configuration builds and traces three ResNet-50s, about a minute each on
-2 cores, then times them: about 6 minutes per configuration at 224x224 with batch 4
-on this 2-core machine (12 minutes for `--quick`'s 2 configurations: 224 and 128,
-2 replicas, float32; the default runs 8). Narrow it with --sizes, --replicas,
---precisions, --runners.
+2 cores, then times them: a repeat at 224x224 with batch 4 and one step per call is
+about 3.6 s (0.9 s expframe, 0.9 hand-written, 1.8 fit's two executions), 1.2 s at 128
+(`--quick`'s 2 configurations, 224 and 128 on 2 replicas, float32, 3 repeats, took
+6.5 minutes; the default runs 8 configurations at batch 8). The benchmarks set runs
+the page's setting (batch 4, one step per call, float32) at 224 and 128 px on 2 and 1
+replicas with 30 repeats, about 17 minutes (expframe/reproduce/registry.py). Narrow it
+with --sizes, --replicas, --precisions, --runners.
+
+Profile (`--profile_dir DIR`): after each configuration's timed repeats, one more host
+call of each runner runs under the TensorFlow profiler, into
+DIR/<size>px_<n>rep_<precision>_<runner>/, to see where one call's time goes (open DIR
+with `tensorboard --logdir DIR`, Profile tab: the `profile` extra); that call is not
+among the timed ones.
 
 Precision 'auto': the report marks with * the precision that `run_experiment.precision
 = 'auto'` runs with on this machine (its cached measurement, or one made at the start:
@@ -68,6 +82,7 @@ import tensorflow as tf  # noqa: E402
 import handwritten  # noqa: E402  (benchmarks/handwritten.py)
 from expframe.models.resnet import resnet  # noqa: E402
 from expframe.replicator import auto_settings, autotune  # noqa: E402
+from expframe.reproduce import spread  # noqa: E402
 from expframe.tasks.classification import ClassificationTask  # noqa: E402
 from expframe.trainer import Trainer  # noqa: E402
 from machine import cpu_name, write_result  # noqa: E402  (benchmarks/machine.py)
@@ -216,8 +231,11 @@ class _ExecutionClock(keras.callbacks.Callback):
 RUNNER_CLASSES = {"expframe": ExpframeRunner, "handwritten": HandwrittenRunner, "keras_fit": KerasFitRunner}
 
 
-def measure(cfg: Setup, repeats: int, runners: Sequence[str] = RUNNERS) -> dict:
-    """Images/s of the runners on one configuration, timed interleaved."""
+def measure(cfg: Setup, repeats: int, runners: Sequence[str] = RUNNERS, profile_dir: Optional[str] = None) -> dict:
+    """Images/s of the runners on one configuration, timed interleaved. With `profile_dir`,
+    one more host call of each runner after the timed ones is traced by the TensorFlow
+    profiler into `<profile_dir>/<size>px_<n>rep_<precision>_<runner>/` (TensorBoard's
+    Profile tab: where one call's time goes), its seconds recorded as `profiled_call_s`."""
     keras.mixed_precision.set_global_policy(cfg.precision)
     try:
         built, build_s, first_s = {}, {}, {}
@@ -238,6 +256,9 @@ def measure(cfg: Setup, repeats: int, runners: Sequence[str] = RUNNERS) -> dict:
                 times[name].append(seconds)
                 if not np.isfinite(loss):
                     raise RuntimeError(f"{name}: loss {loss} at {cfg}")
+        profiled = {name: _profiled_call(built[name], os.path.join(
+            profile_dir, f"{cfg.size}px_{cfg.num_replicas}rep_{cfg.precision}_{name}")) for name in runners} \
+            if profile_dir else {}
     finally:
         keras.mixed_precision.set_global_policy("float32")
     row = {"image_size": cfg.size, "num_replicas": cfg.num_replicas, "precision": cfg.precision,
@@ -247,17 +268,37 @@ def measure(cfg: Setup, repeats: int, runners: Sequence[str] = RUNNERS) -> dict:
         median = statistics.median(times[name])
         row[name] = {"images_per_sec": cfg.steps * cfg.global_batch / median, "median_s_per_call": median,
                      "times_s": times[name], "build_s": build_s[name], "first_call_s": first_s[name]}
+        if name in profiled:
+            row[name]["profiled_call_s"], row[name]["profile"] = profiled[name]
     if "keras_fit" in built:
         row["keras_fit"]["keras_default_jit_compile"] = built["keras_fit"].keras_default_jit
+    row["spread"] = {}
     for name in ("handwritten", "keras_fit"):
         if "expframe" in runners and name in runners:
             row[f"expframe_over_{name}"] = row["expframe"]["images_per_sec"] / row[name]["images_per_sec"]
             # Paired per-repeat ratios are steadier on a shared machine.
-            row[f"expframe_over_{name}_paired"] = statistics.median(
-                [o / e for e, o in zip(times["expframe"], times[name], strict=True)])
+            paired = [o / e for e, o in zip(times["expframe"], times[name], strict=True)]
+            row[f"expframe_over_{name}_paired"] = statistics.median(paired)
+            row["spread"][f"expframe_over_{name}"] = spread.of(paired)
     del built
     gc.collect()
     return row
+
+
+def _profiled_call(runner, logdir: str) -> tuple[float, str]:
+    """One host call of `runner` under the TensorFlow profiler (not timed with the others)."""
+    tf.profiler.experimental.start(logdir)
+    try:
+        _, seconds = runner()
+    finally:
+        tf.profiler.experimental.stop()
+    return seconds, logdir
+
+
+def _paired(row: dict, other: str) -> str:
+    """`0.974 (0.951-1.003)`: the paired ratio against `other` and its interval, or '-'."""
+    found = row.get("spread", {}).get(f"expframe_over_{other}")
+    return f"{found['median']:>7.3f} ({found['low']:.3f}-{found['high']:.3f})" if found else f"{'-':>22}"
 
 
 def train_gflop_per_image(size: int) -> float:
@@ -279,11 +320,16 @@ def main():
     parser.add_argument("--precisions", nargs="+", default=None)
     parser.add_argument("--global_batch_size", type=int, default=None)
     parser.add_argument("--steps_per_call", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"interleaved repeats (default {spread.REPEATS}: a ratio's interval within +-5 %%; "
+                             "3 for --quick)")
     parser.add_argument("--baseline_strategy", choices=handwritten.STRATEGIES, default="same",
                         help="the baselines' MirroredStrategy (see benchmarks/handwritten.py)")
     parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS),
                         help="which of the three to time (default all)")
+    parser.add_argument("--profile_dir", default=None,
+                        help="also trace one more host call of each runner per configuration with the TensorFlow "
+                             "profiler, into DIR/<size>px_<n>rep_<precision>_<runner>/ (tensorboard --logdir DIR)")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     if args.quick:
@@ -291,7 +337,7 @@ def main():
                         steps_per_call=1, repeats=3, matmul_n=1024)
     else:
         defaults = dict(sizes=[224, 128], replicas=[1, 2], precisions=["float32", "mixed_bfloat16"],
-                        global_batch_size=8, steps_per_call=2, repeats=3, matmul_n=2048)
+                        global_batch_size=8, steps_per_call=2, repeats=spread.REPEATS, matmul_n=2048)
     cfg = {k: (getattr(args, k, None) or v) for k, v in defaults.items()}
 
     started = time.perf_counter()
@@ -307,25 +353,27 @@ def main():
     print(f"ResNet-50, global batch {cfg['global_batch_size']}, {cfg['steps_per_call']} step(s) per call, "
           f"{cfg['repeats']} interleaved repeats; images/s (MFU); * = the precision 'auto' chose here")
     print(f"{'size':>4} {'rep':>3} {'precision':>14} | {'expframe':>14} {'handwritten':>14} {'keras_fit':>14} "
-          f"| {'xf/hand':>7} {'xf/fit':>7}")
+          f"| {'xf/hand (95% interval)':>22} {'xf/fit (95% interval)':>22}")
     rows = []
     for size in cfg["sizes"]:
         for n in cfg["replicas"]:
             for precision in cfg["precisions"]:
                 row = measure(Setup(size, n, precision, cfg["global_batch_size"], cfg["steps_per_call"],
-                                    args.baseline_strategy), cfg["repeats"], tuple(args.runners))
+                                    args.baseline_strategy), cfg["repeats"], tuple(args.runners), args.profile_dir)
                 peak_for = peak["bfloat16" if "bfloat16" in precision else "float32"]
                 for name in args.runners:
                     row[name]["mfu"] = mfu(row[name]["images_per_sec"], size, peak_for)
+                if "expframe" in args.runners:  # its MFU call by call
+                    row["spread"]["expframe_mfu"] = spread.of(
+                        [mfu(row["steps_per_call"] * row["global_batch_size"] / t, size, peak_for)
+                         for t in row["expframe"]["times_s"]])
                 row["peak_gflops_used"] = peak_for
                 rows.append(row)
                 cells = " ".join(f"{row[r]['images_per_sec']:>7.2f} ({row[r]['mfu']:>4.0%})" if r in row
                                  else f"{'-':>14}" for r in RUNNERS)
                 mark = "*" if precision == auto.value else " "
                 print(f"{size:>4} {n:>3} {mark}{precision:>13} | {cells} | "
-                      f"{row.get('expframe_over_handwritten_paired', float('nan')):>7.3f} "
-                      f"{row.get('expframe_over_keras_fit_paired', float('nan')):>7.3f}",
-                      flush=True)
+                      f"{_paired(row, 'handwritten')} {_paired(row, 'keras_fit')}", flush=True)
                 # After every configuration: a long run stopped early keeps what it measured.
                 result = {"benchmark": "resnet50_throughput", "quick": args.quick, "config": cfg,
                           "baseline_strategy": args.baseline_strategy,

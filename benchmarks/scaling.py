@@ -1,6 +1,6 @@
 """Weak scaling on CPU cores: 2 workers (or 2 replicas) versus 1, same batch per worker.
 
-    python benchmarks/scaling.py            # several minutes: 3 configurations x 2 repeats, one TF start-up per process
+    python benchmarks/scaling.py            # ~19 min on 2 idle cores: 3 configurations x 6 repeats, a TF start-up each
     python benchmarks/scaling.py --quick    # 1 repeat, shorter timings (7 min measured on a loaded 2-core box)
 
 Trains a CIFAR ResNet-20 (`resnet(depth=20, num_classes=10, input_shape=(32, 32, 3))`)
@@ -18,8 +18,12 @@ efficiency = throughput(2) / (2 x throughput(1)) (goal >= 0.90):
 * local: 1 process on core 0 with 1 replica versus 1 process on cores 0-1 with 2
   replicas (target 'cpu': MirroredStrategy over 2 logical CPU devices).
 
-Each configuration runs `--repeats` times, interleaved; the median is reported. The
-machine must be otherwise idle for the numbers to mean anything: the script prints
+Each configuration runs `--repeats` times (default 6), interleaved; each repeat gives
+a paired efficiency (its 2-worker run over 2 x its 1-worker run), and the figure is
+their median with their spread (`spread`: minimum, median, maximum and a 95 %
+bootstrap interval of the median, expframe/reproduce/spread.py): it meets the goal when
+the whole interval is at or above 0.90, and is a regression when all of it is below.
+The machine must be otherwise idle for the numbers to mean anything: the script prints
 the 1-minute load average before and after. JSON goes to
 `benchmarks/results/scaling.json`.
 
@@ -178,7 +182,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
-    defaults = dict(steps_per_call=(5, 10), warmup_calls=(1, 2), calls=(3, 5), repeats=(1, 2))
+    defaults = dict(steps_per_call=(5, 10), warmup_calls=(1, 2), calls=(3, 5), repeats=(1, 6))
     for name, (quick, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -199,8 +203,14 @@ def main(argv=None) -> int:
             runs[c].append({"examples_per_sec": total, "workers": records})
             print(f"repeat {r + 1}/{args.repeats}  {c:14s} {total:8.1f} examples/s", flush=True)
     median = {c: statistics.median(x["examples_per_sec"] for x in runs[c]) for c in configs}
-    eff = {"multi_worker": median["multi_worker2"] / (2 * median["one"]),
-           "local_replicas": median["local2"] / (2 * median["one"])}
+    from expframe.reproduce import spread  # pylint: disable=import-outside-toplevel
+    paired = {name: [two["examples_per_sec"] / (2 * one["examples_per_sec"])
+                     for one, two in zip(runs["one"], runs[config], strict=True)]
+              for name, config in (("multi_worker", "multi_worker2"), ("local_replicas", "local2"))}
+    spreads = {name: spread.of(values) for name, values in paired.items()}
+    eff = {name: found["median"] for name, found in spreads.items()}  # median of the paired efficiencies
+    eff_of_medians = {"multi_worker": median["multi_worker2"] / (2 * median["one"]),
+                      "local_replicas": median["local2"] / (2 * median["one"])}
     load_after = os.getloadavg()[0]
 
     print(f"\nResNet-20, {PER_WORKER_BATCH} examples per worker per step, 1 intra-op thread per core")
@@ -209,8 +219,9 @@ def main(argv=None) -> int:
     print(f"{'2 workers (multi_worker), 1 core each':40s} {median['multi_worker2']:11.1f}")
     print(f"{'2 local replicas (cpu), 2 cores':40s} {median['local2']:11.1f}")
     for name, value in eff.items():
-        print(f"scaling efficiency {name:15s} {value:.3f}  (goal >= {GOAL:.2f}: "
-              f"{'met' if value >= GOAL else 'NOT met'})")
+        found = spreads[name]
+        print(f"scaling efficiency {name:15s} {value:.3f}  (95% interval {found['low']:.3f}-{found['high']:.3f} "
+              f"over {found['n']} repeats; goal >= {GOAL:.2f}: {spread.verdict(found, spread.at_least(GOAL))})")
     print(f"1-minute load average: {load_before:.2f} before, {load_after:.2f} after "
           f"({os.cpu_count()} CPUs; numbers are only meaningful on an idle machine)")
 
@@ -220,6 +231,8 @@ def main(argv=None) -> int:
         "settings": {k: getattr(args, k) for k in ("quick", "steps_per_call", "warmup_calls", "calls", "repeats")},
         "examples_per_sec": median,
         "scaling_efficiency": eff,
+        "efficiency_of_medians": eff_of_medians,
+        "spread": spreads,
         "goal": GOAL,
         "runs": runs,
         "load_average_1min": {"before": load_before, "after": load_after},

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from expframe.reproduce import __main__ as cli
-from expframe.reproduce import page, quiet, registry, running
+from expframe.reproduce import benchmark_rows, page, quiet, registry, running, spread
 from tests import main_runner as mr
 
 HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=mr.ROOT, capture_output=True, text=True).stdout.strip()
@@ -109,7 +109,7 @@ def _write_records(work):
                        _study_run(64, 0.001, 0, 5.0, 0.5), _study_run(64, 0.001, 1, 7.0, 0.4),
                        _study_run(16, 0.0005, 0, 12.0, 0.1)])
     bench = dict(_provenance("collectives", False), kind="benchmark", commands=["python benchmarks/collectives.py"],
-                 rows=[{"what": "all-reduce / copy", "value": 1.7, "goal": "goal <= 3"}])
+                 rows=[benchmark_rows.row("all-reduce / copy", 1.7, spread.at_most(3.0), spread.of([1.6, 1.7, 1.8]))])
     for rec in (quickstart, study, bench):
         os.makedirs(os.path.join(work, running.RECORDS), exist_ok=True)
         with open(running.record_path(work, rec["name"]), "w", encoding="utf-8") as f:
@@ -184,7 +184,8 @@ def test_page_states_each_result_with_its_provenance_and_the_pending_ones(tmp_pa
     assert "- fixed rate, sample_accuracy: 0.25 at global_batch_size 16, 0.45 at 64 (change +0.2; the largest " \
            "spread between seeds at one point is 0.1): the largest global_batch_size is better; best at 64" in study
     _assert_png(os.path.join(out, "results", "sngan_batch.png"))
-    assert "| all-reduce / copy | 1.7 | goal <= 3 |" in sections["collectives"]
+    assert "| all-reduce / copy | 1.7 | 1.6 / 1.8 | 1.6 to 1.8 (±5.9%) | 3 | goal <= 3 | meets the goal |" \
+        in sections["collectives"]
     # Quick records are not mixed into a full page, nor full ones into a quick page.
     quick_path = page.write(work, str(tmp_path / "quick"), True, registry.ALL, commands, [])
     assert "Pending: not run yet." in _sections(open(quick_path, encoding="utf-8").read())["quickstart"]
@@ -280,7 +281,7 @@ def test_results_of_earlier_sittings_without_records_here_keep_their_rows_and_se
         assert new[name] == old[name], name
         row = next(line for line in before.splitlines() if line.startswith(f"| [{name}](#{name}) |"))
         assert row in after.splitlines() and "pending" not in row
-    assert "| all-reduce / copy | 1.9 | goal <= 3 |" in new["collectives"]
+    assert "| all-reduce / copy | 1.9 | 1.6 / 1.8 |" in new["collectives"]
     assert "| all-reduce / copy | 1.7 |" in old["collectives"]
     assert new["vit_shapes_mesh"] == old["vit_shapes_mesh"] and "Pending: not run yet." in new["vit_shapes_mesh"]
     assert after.count("<a id=") == before.count("<a id=") == len(registry.ALL)

@@ -94,12 +94,22 @@ def _interrupt(signum, frame):  # pylint: disable=unused-argument
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if threading.current_thread() is not threading.main_thread():
-        return _main(argv)
+        return _checked(argv)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops as Ctrl-C does
     try:
-        return _main(argv)
+        return _checked(argv)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _checked(argv: list[str]) -> int:
+    """`_main`, with a configuration error anywhere (e.g. the page refusing a benchmark
+    figure with a goal but no spread) as one line and exit 2."""
+    try:
+        return _main(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return ConfigError.exit_code
 
 
 def _main(argv: list[str]) -> int:

@@ -24,19 +24,12 @@ from matplotlib.figure import Figure  # Agg; no pyplot, no display
 from expframe import plot
 from expframe.atomic_files import write_text
 from expframe.errors import ConfigError
-from expframe.reproduce import kept, registry, running
+from expframe.reproduce import figures, kept, registry, running
+from expframe.reproduce.figures import number as _number
 from expframe.reproduce.quiet import quiet_rule, verdict
 
 PAGE = "results.md"
 IMAGES = "results"  # beside the page: <out>/results/<name>.png
-
-
-def _number(value) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int) or (abs(value) >= 1000 and float(value).is_integer()):
-        return f"{int(value):,}"
-    return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.1f}"
 
 
 def _load(values: Sequence[float]) -> str:
@@ -359,9 +352,10 @@ def _study(result: registry.StudyResult, rec: dict, images: str, out_dir: str) -
 
 # -- benchmarks ---------------------------------------------------------------------------------
 
-def _benchmark(result: registry.Benchmark, rec: dict) -> list[str]:
-    lines = ["| what | value | goal |", "|---|---|---|"]
-    lines += [f"| {r['what']} | {_number(r['value'])} | {r['goal'] or '-'} |" for r in rec["rows"]]
+def _benchmark(result: registry.Benchmark, rec: dict, where: str) -> list[str]:
+    """Its table (`figures.table`: spread, repeats, goal and verdict of each figure; a
+    goal-bearing figure without its spread is refused), commands and provenance."""
+    lines = figures.table(rec, where)
     lines += ["", "Command:", ""] + [f"    {c}" for c in shown_commands(rec)] + [""] + _provenance_lines(rec)
     return lines
 
@@ -390,7 +384,7 @@ def _finished_so_far(result, out_dir: str) -> list[str]:
     return lines
 
 
-def _summary_row(result, rec: Optional[dict], command: str, sittings: Sequence[dict] = ()) -> str:
+def _summary_row(result, rec: Optional[dict], command: str, sittings: Sequence[dict] = (), where: str = "") -> str:
     if rec is None:
         so_far = f" ({_so_far(list(sittings))}; the command continues it)" if sittings else ""
         return f"| [{result.name}](#{result.name}) | pending{so_far}: `{command}` | | | | | |"
@@ -402,9 +396,7 @@ def _summary_row(result, rec: Optional[dict], command: str, sittings: Sequence[d
         number, threshold, passed = f"{sum(r['status'] == 'ok' for r in rec['runs'])} of {len(rec['runs'])} runs", \
             "-", "-"
     else:
-        number = "; ".join(f"{_number(r['value'])}" for r in rec["rows"][:2]) + (" ..." if len(rec["rows"]) > 2
-                                                                              else "")
-        threshold, passed = "-", "-"
+        number, threshold, passed = figures.summary_cells(rec, where or result.name)
     return (f"| [{result.name}](#{result.name}) | {number} | {threshold} | {passed} | {rec['finished'][:10]} | "
             f"{_load(rec['load_average_start'][:1])} / {_load(rec['load_average_end'][:1])} ({verdict(rec)}) | "
             f"{rec['wall_s'] / 60:.1f} min |")
@@ -439,6 +431,10 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
       results: the registered results the page covers, in order.
       commands: result name -> the command that produces it (for pending ones).
       set_lines: Markdown lines describing the sets (commands, expected times).
+
+    Raises:
+      ConfigError: a benchmark figure with a goal but no spread, in a record or in a
+        section carried from the page (`figures`); nothing is written.
     """
     records = {r.name: running.read_record(work, r.name) for r in results}
     records = {k: v for k, v in records.items() if v is not None and v.get("quick") == quick}
@@ -449,6 +445,12 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
     # from the page as it is, until they are run again here.
     earlier = {} if quick else {name: kept for name, kept in _earlier_results(path).items()
                                 if name not in records and not sittings.get(name)}
+    # A benchmark section from before intervals is upgraded (its figures marked as measured
+    # without a spread) and accepted only as such; see figures.carried.
+    benchmarks = {r.name: r for r in results if r.kind == "benchmark"}
+    earlier = {name: figures.carried(benchmarks[name], *kept, path) if name in benchmarks else kept
+               for name, kept in earlier.items()}
+    where = {r.name: running.record_path(work, r.name) for r in results}
     pending = [r.name for r in results if r.name not in records and r.name not in earlier]
     images = IMAGES
     lines = ["# Results", "",
@@ -466,7 +468,7 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
                                 "| result | number | threshold (slow test) | passed | date | load at start / end "
                                 "(quiet) | wall time |", "|---|---|---|---|---|---|---|"]
     lines += [earlier[r.name][0] if r.name in earlier else
-              _summary_row(r, records.get(r.name), commands[r.name], sittings[r.name]) for r in results]
+              _summary_row(r, records.get(r.name), commands[r.name], sittings[r.name], where[r.name]) for r in results]
     for result in results:
         if result.name in earlier:
             lines += earlier[result.name][1]
@@ -493,6 +495,6 @@ def write(work: str, out_dir: str, quick: bool, results: Sequence, commands: dic
         elif result.kind == "study":
             lines += _study(result, rec, images, out_dir)
         else:
-            lines += _benchmark(result, rec)
+            lines += _benchmark(result, rec, where[result.name])
     write_text(path, "\n".join(lines).rstrip() + "\n", make_dirs=True)
     return path

@@ -18,6 +18,8 @@ import math
 import operator
 from typing import Callable, Optional
 
+from expframe.reproduce import benchmark_rows, spread
+
 # -- thresholds -------------------------------------------------------------------------------
 
 _OPS = {">=": operator.ge, "<=": operator.le}
@@ -168,7 +170,10 @@ class Benchmark:
       script: path from the repository root.
       args: its arguments for the full set.
       quick_args: its arguments for --set=quick (seconds).
-      rows: JSON -> [(what, value, unit or goal text)]: the numbers the page shows.
+      rows: JSON -> the figures the page shows (`expframe.reproduce.benchmark_rows`: what,
+        value, goal, spread); a figure with a goal carries its spread.
+      repeated: every figure is a median over interleaved repeats and carries its spread
+        (the others: bytes, or figures measured once, and any goal's figure).
     """
 
     name: str
@@ -176,9 +181,10 @@ class Benchmark:
     script: str
     args: tuple[str, ...]
     quick_args: tuple[str, ...]
-    rows: Callable[[dict], list[tuple[str, float, str]]]
+    rows: Callable[[dict], list[dict]]
     minutes: float = 5.0
     readme: str = ""
+    repeated: bool = False
 
     kind = "benchmark"
 
@@ -299,114 +305,55 @@ LEARNING = (QUICKSTART, SNGAN_SHAPES, D4PG_CONTROL, D4PG_ACTORS, D4PG_PIXELS, D4
 
 # -- the benchmarks (ratios measured side by side in one run) -------------------------------------
 
-def _collectives(data: dict) -> list[tuple[str, float, str]]:
-    rows = []
-    for run in data["runs"]:
-        on_two = [r for r in run["results"] if r["replicas"] == 2]
-        if not on_two:
-            continue
-        row = max(on_two, key=lambda r: r["size_bytes"])
-        size = f"{row['size_bytes'] / 2**20:g} MB"
-        for variant, ratio in sorted(row["ratio_to_copy_numpy"].items()):
-            goal = "goal <= 3" if variant == "replicator" and row["size_bytes"] == 64 * 2**20 else ""
-            rows.append((f"all-reduce ({variant}) of {size} on 2 replicas / one numpy copy, allocator "
-                         f"{run['allocator']}", ratio, goal))
-    return rows
-
-
-def _runner_overhead(data: dict) -> list[tuple[str, float, str]]:
-    return [(f"expframe Trainer / hand-written loop, examples/s, {r['num_replicas']} replica(s) (paired median)",
-             r["median_paired_ratio"], f"goal >= {data['goal_ratio']:g}") for r in data["results"]]
-
-
-def _resnet50(data: dict) -> list[tuple[str, float, str]]:
-    rows = []
-    for r in data["results"]:
-        where = f"{r['image_size']} px, {r['num_replicas']} replica(s), {r['precision']}"
-        rows += [(f"expframe / hand-written loop, images/s, {where}", r["expframe_over_handwritten_paired"], ""),
-                 (f"expframe / Keras fit, images/s, {where}", r["expframe_over_keras_fit_paired"], ""),
-                 (f"expframe model FLOPs utilisation, {where}", r["expframe"]["mfu"], "")]
-    return rows
-
-
-def _scaling(data: dict) -> list[tuple[str, float, str]]:
-    goal = f"goal >= {data['goal']:g}"
-    return [("weak-scaling efficiency, 2 worker processes (multi_worker) / 2 x 1",
-             data["scaling_efficiency"]["multi_worker"], goal),
-            ("weak-scaling efficiency, 2 local replicas (cpu) / 2 x 1", data["scaling_efficiency"]["local_replicas"],
-             goal)]
-
-
-def _data_checkpoint(data: dict) -> list[tuple[str, float, str]]:
-    rows = []
-    for r in data["rows"]:
-        rows += [(f"data position in the checkpoint, bytes, {r['num_replicas']} replica(s)", r["position_bytes"], ""),
-                 (f"tf.data iterator state / data position, {r['num_replicas']} replica(s)",
-                  r["ratio_tfdata_over_position"], "")]
-    return rows
-
-
-def _d4pg_throughput(data: dict) -> list[tuple[str, float, str]]:
-    learner, actors = data["learner"], data["actors"]
-    rows = []
-    for n in ("1", "2"):
-        rows += [(f"learner updates/s, {n} replica(s)", learner[n], ""),
-                 (f"environment steps/s, {n} actor process(es)", actors[n]["env_steps_per_sec"], ""),
-                 (f"weight fetch, ms, {n} actor process(es)", actors[n]["weight_wait_ms_per_fetch"], "")]
-    return rows + [("learner updates/s, 2 replicas / 1", learner["2"] / learner["1"], ""),
-            ("environment steps/s, 2 actor processes / 1",
-             actors["2"]["env_steps_per_sec"] / actors["1"]["env_steps_per_sec"], ""),
-            ("time in weight fetches, 1 actor process (fraction)", actors["1"]["weight_wait_fraction"], ""),
-            ("time in weight fetches, 2 actor processes (fraction)", actors["2"]["weight_wait_fraction"], "")]
-
-
-def _model_parallel(data: dict) -> list[tuple[str, float, str]]:
-    rows = []
-    for r in data["rows"]:
-        where = f"ViT width {r['width']}, mesh {r['mesh']}"
-        rows += [(f"{where}: parameter bytes per device", r["params_bytes"], ""),
-                 (f"{where}: Adam slot bytes per device", r["slot_bytes"], ""),
-                 (f"{where}: examples/s", r["examples_per_s"], ""),
-                 (f"{where}: examples/s / mesh 4x1", r["vs_4x1"], "")]
-    return rows
-
-
-def _plan_vs_measured(data: dict) -> list[tuple[str, float, str]]:
-    rows = [(f"{e['name']}, {p['config']}: predicted / measured step time ({p['predicted_s'] * 1e3:.0f} / "
-             f"{p['measured_s'] * 1e3:.0f} ms)", p["predicted_s"] / p["measured_s"], "")
-            for e in data["experiments"] for p in e["points"]]
-    return rows + [("planner: median absolute error of the predicted step time", data["median_abs_error"],
-                    f"goal <= {data['goal']:g}")]
-
+# The set's repeats (spread.REPEATS, 30): a runner ratio's bootstrap interval within +-5 %
+# (the arithmetic is in expframe/reproduce/spread.py). Minutes: quiet estimates on 2 cores
+# from the recorded wall times (docs/results.md, 2026-12-02) scaled to these repeats;
+# docs/reproducing.md#benchmark-figures-spread-and-verdicts adds them up.
+_REPEATS = str(spread.REPEATS)
 
 BENCHMARKS = (
     Benchmark("plan_vs_measured", "The planner (python -m expframe.plan) against the real trainer: quickstart and "
               "ResNet-20 at 1-8 CPU replicas and 2-4 loopback workers", "benchmarks/plan_vs_measured.py", (),
-              ("--quick",), _plan_vs_measured, minutes=20, readme="docs/planning.md#checked-on-this-machine"),
+              ("--quick",), benchmark_rows.plan_vs_measured, minutes=25,
+              readme="docs/planning.md#checked-on-this-machine"),
+    # 1.3 min at 7 repeats; at 30 the timing loops (under a second per repeat) add about 1.
     Benchmark("collectives", "All-reduce on CPU replicas against one copy of the same bytes",
-              "benchmarks/collectives.py", (), ("--quick", "--allocator=bfc", "--repeats=1", "--variants=replicator"),
-              _collectives, minutes=6, readme="docs/programming_model.md#the-programming-model"),
+              "benchmarks/collectives.py", ("--repeats", _REPEATS),
+              ("--quick", "--allocator=bfc", "--repeats=1", "--variants=replicator"),
+              benchmark_rows.collectives, minutes=3, repeated=True,
+              readme="docs/programming_model.md#the-programming-model"),
+    # 15.9 min at 15 repeats with 0.8 of the 2 cores taken by others (about 11 quiet): about 1 min
+    # of building and 72 calls of ~8.6 s; at 30 repeats 132 calls, about 20 min.
     Benchmark("runner_overhead", "expframe's train loop against a hand-written tf.distribute loop (ResNet-20)",
-              "benchmarks/runner_overhead.py", (),
+              "benchmarks/runner_overhead.py", ("--repeats", _REPEATS),
               ("--replicas", "2", "--global_batch_size", "8", "--steps_per_call", "1", "--repeats", "1"),
-              _runner_overhead, minutes=6, readme="docs/programming_model.md#the-programming-model"),
+              benchmark_rows.runner_overhead, minutes=20, repeated=True,
+              readme="docs/programming_model.md#the-programming-model"),
+    # The page's setting (batch 4, one step per call) at 128 and 224 px on 1 and 2 replicas, float32:
+    # about 3 min to build and trace the three models of a configuration (6.5 min for the two of
+    # --quick), a repeat 3.6 s at 224 px (0.9 + 0.9 s, fit's two executions 1.8) and 1.2 s at 128:
+    # 4 x 3 + 30 x (2 x 3.6 + 2 x 1.2) / 60 = about 17 min.
     Benchmark("resnet50_throughput", "ResNet-50: expframe against a hand-written loop and Keras fit, with MFU",
-              "benchmarks/resnet50_throughput.py", ("--quick",),
+              "benchmarks/resnet50_throughput.py",
+              ("--sizes", "224", "128", "--replicas", "2", "1", "--precisions", "float32", "--global_batch_size", "4",
+               "--steps_per_call", "1", "--repeats", _REPEATS),
               ("--sizes", "32", "--replicas", "1", "--precisions", "float32", "--global_batch_size", "1",
                "--steps_per_call", "1", "--repeats", "1"),
-              _resnet50, minutes=12, readme="README.md#resnet-50-on-imagenet-the-papers-first-benchmark"),
+              benchmark_rows.resnet50, minutes=17, repeated=True,
+              readme="README.md#resnet-50-on-imagenet-the-papers-first-benchmark"),
+    # A repeat starts 3 configurations' processes (about 3.1 min: 6.2 for 2 repeats); 6 repeats.
     Benchmark("scaling", "Weak scaling on CPU cores: 2 workers (or 2 replicas) against 1 (ResNet-20)",
-              "benchmarks/scaling.py", (),
+              "benchmarks/scaling.py", ("--repeats", "6"),
               ("--steps_per_call", "1", "--warmup_calls", "1", "--calls", "1", "--repeats", "1", "--timeout", "900"),
-              _scaling, minutes=10, readme="docs/hardware.md#where-it-runs-one-binding"),
+              benchmark_rows.scaling, minutes=19, repeated=True, readme="docs/hardware.md#where-it-runs-one-binding"),
     Benchmark("data_checkpoint_size", "Bytes of the data position in a checkpoint (ResNet-50 ImageNet pipeline)",
-              "benchmarks/data_checkpoint_size.py", (), ("--smoke",), _data_checkpoint, minutes=5,
+              "benchmarks/data_checkpoint_size.py", (), ("--smoke",), benchmark_rows.data_checkpoint, minutes=3,
               readme="docs/running.md#running-experiments"),
     Benchmark("d4pg_throughput", "D4PG: learner updates/s on 1 and 2 replicas, env steps/s with 1 and 2 actors",
-              "benchmarks/d4pg_throughput.py", (), ("--smoke",), _d4pg_throughput, minutes=4,
+              "benchmarks/d4pg_throughput.py", (), ("--smoke",), benchmark_rows.d4pg_throughput, minutes=4,
               readme="docs/d4pg.md#distributed-acting-actor-processes-over-rpc"),
     Benchmark("model_parallel", "Model parallelism on a DTensor mesh: memory per device and examples/s",
-              "benchmarks/model_parallel.py", (), ("--smoke",), _model_parallel, minutes=4,
+              "benchmarks/model_parallel.py", (), ("--smoke",), benchmark_rows.model_parallel, minutes=3,
               readme="docs/mesh.md#model-parallelism-dtensor-mesh"),
 )
 

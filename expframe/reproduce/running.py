@@ -25,7 +25,7 @@ from typing import Optional
 
 from expframe import processes, provenance
 from expframe.atomic_files import write_json
-from expframe.reproduce import kept, registry
+from expframe.reproduce import kept, registry, spread
 from expframe.sweep import naming, runner, spec, summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -311,8 +311,8 @@ def study_for(result, quick: bool) -> spec.Study:
 def signature(result, quick: bool) -> str:
     """What a record must have been made with to be reused: the benchmark's command, or
     what every run's configuration parses to (as the sweep runner compares them)."""
-    if result.kind == "benchmark":
-        return naming.digest(" ".join((result.script,) + result.argv(quick)))
+    if result.kind == "benchmark":  # a record from before spreads (another schema) runs again
+        return naming.digest(" ".join((result.script,) + result.argv(quick) + (f"spread schema {spread.SCHEMA}",)))
     return naming.digest("\n".join(spec.validate(study_for(result, quick)).values()))
 
 
@@ -405,8 +405,9 @@ def _run_parts(result, work: str, quick: bool, command: str, parallel: int, root
            "machine": started["machine"]}
     if result.kind == "benchmark":
         data, cmd = run_benchmark(result, root, quick)
-        rec.update(commands=[cmd], rows=[{"what": w, "value": v, "goal": g} for w, v, g in result.rows(data)],
-                   complete=True)
+        # A benchmark's own --quick (few repeats) is marked on the page as --set=quick is.
+        rec.update(commands=[cmd], rows=result.rows(data), spread_schema=spread.SCHEMA,
+                   script_quick="--quick" in result.argv(quick) or bool(data.get("quick")), complete=True)
     else:
         study = study_for(result, quick)
         rows, commands = run_sweep(study, root, parallel, kept_dir)
