@@ -119,4 +119,4 @@ def describe(train_steps: int, train_epochs: Optional[float], per_epoch: Optiona
     """The run's length for its first line: `640 steps`, `640 steps (20 epochs of 32 steps)`."""
     if train_epochs is None:
         return f"{train_steps} steps"
-    return f"{train_steps} steps ({train_epochs:g} epochs of {per_epoch} steps)"
+    return f"{train_steps} steps ({train_epochs:g} epoch{'' if train_epochs == 1 else 's'} of {per_epoch} steps)"

@@ -63,7 +63,8 @@ def test_list_configurables_and_dry_run(tmp_path, data_dir):
                  + [f"--gin_param={p}" for p in mr.SMALL + ("resnet.depth = 19",)], tmp_path, data_dir)
     code, out = _finish(listing)
     assert code == 0, out[-3000:]
-    assert "Trainer  [expframe.trainer.Trainer]" in out and "    train_steps = REQUIRED" in out
+    assert "Trainer  [expframe.trainer.Trainer]" in out and "    train_steps = None" in out
+    assert "    global_batch_size = REQUIRED" in out and "    train_epochs = None" in out
     assert "    steps_per_loop = 100" in out and "    eval_steps = None" in out
     assert "RegressionTask  [regression_task.RegressionTask]" in out and "    model = REQUIRED" in out
     assert "mlp  [mlp_model.mlp]" in out and "    hidden = 64" in out

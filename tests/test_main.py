@@ -136,6 +136,8 @@ BAD_INPUTS = [
     ("misspelt parameter", ["Trainer.train_step = 5"],
      "'Trainer' has no parameter 'train_step'; did you mean 'train_steps'"),
     ("wrong type", ["Trainer.train_steps = 'many'"], "Trainer.train_steps='many' must be a positive integer"),
+    ("a float for an int, named where bound", ["Trainer.train_steps = 1e3"],
+     "error: --gin_param='Trainer.train_steps = 1e3': Trainer.train_steps=1000.0 must be a positive integer"),
     ("batch not divisible", ["Trainer.global_batch_size = 15"],
      "Trainer.global_batch_size=15 is not divisible by the 2 replicas"),
     ("unknown target", ["Replicator.target = 'tpuv9'"], "Replicator.target='tpuv9' is not a known target"),
