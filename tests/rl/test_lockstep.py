@@ -96,7 +96,7 @@ def test_chunks_sent_by_threads_in_any_timing_reach_the_learner_in_one_order(act
         rng = np.random.default_rng(repetition)
         delays = rng.uniform(0, 0.02, size=(actors, 6))
 
-        def act(actor_id):
+        def act(actor_id, service=service, delays=delays):
             client = ActorClient(service.address, actor_id, timeout_s=10)
             for c in range(6):
                 version, weights = client.weights()
