@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import time
 import warnings
 from typing import Callable, Iterator
@@ -279,8 +280,9 @@ class Shapes(tfds.core.GeneratorBasedBuilder):
         generated, how long it took, its size on disk and where."""
         config = self.builder_config
         took = time.monotonic() - getattr(self, "_generation_started", time.monotonic())
+        on_disk = sum(entry.stat().st_size for entry in os.scandir(self.data_dir) if entry.is_file())
         print(f"{self.name}/{config.name}: generated {config.num_train + config.num_test:,} images locally in "
-              f"{took:.1f} s: {self.info.dataset_size} in {self.data_dir}; later runs reuse them.", flush=True)
+              f"{took:.1f} s: {tfds.core.units.Size(on_disk)} in {self.data_dir}; later runs reuse them.", flush=True)
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
         del dl_manager  # nothing to download

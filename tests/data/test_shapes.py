@@ -1,5 +1,6 @@
 """Tests for the offline `shapes` TFDS builder (small builds in temporary dirs)."""
 
+import re
 import socket
 
 import numpy as np
@@ -114,3 +115,24 @@ def test_bad_arguments_say_what_to_use():
         shapes.shapes_config(48)
     with pytest.raises(ValueError, match="unknown split 'validation'"):
         shapes.generate("validation", 1)
+
+
+def test_a_build_says_it_generates_locally_not_that_it_downloads(tmp_path, capfd):
+    # TFDS printed "Downloading and preparing dataset Unknown size (download: Unknown size, ...)"
+    # though nothing is downloaded (issue 51); the builder overrides the two methods that print it.
+    assert all(callable(getattr(tfds.core.DatasetBuilder, name, None)) for name in shapes._TFDS_MESSAGES)
+    capfd.readouterr()
+    builder = _build(tmp_path, num_train=30, num_test=10)
+    out = capfd.readouterr().out
+    where = tmp_path / "shapes" / "32x32_train30_test10" / "2.0.0"
+    assert "Download" not in out and "download" not in out.replace("nothing is downloaded", ""), out
+    assert (f"shapes/32x32_train30_test10: generating 30 train and 10 test images locally (drawn with numpy; "
+            f"nothing is downloaded) into {where} ...\n") in out
+    done = re.search(r"shapes/32x32_train30_test10: generated 40 images locally in (\d+\.\d) s: (\d+\.\d+) KiB in "
+                     rf"{re.escape(str(where))}; later runs reuse them\.\n", out)
+    assert done, out
+    on_disk = sum(p.stat().st_size for p in where.iterdir())  # the records, dataset_info.json, features.json
+    assert float(done.group(2)) * 1024 == pytest.approx(on_disk, abs=10)
+    assert on_disk > int(builder.info.dataset_size) > 0
+    _build(tmp_path, num_train=30, num_test=10)  # prepared already: nothing is said
+    assert "shapes/" not in capfd.readouterr().out
