@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from expframe import epochs
+from expframe import epochs, run_files
 from expframe.errors import ConfigError
 from expframe.replicator import Replicator
+from expframe.run_files import RunFiles
 from expframe.tasks.base import Task
 from expframe.trainer import Trainer
 from tests import main_runner as mr
@@ -146,3 +147,34 @@ def test_train_epochs_stopped_and_resumed_equals_train_steps(data_dir, tmp_path)
                                                                       abs=2e-3)
     # The pause between the segments (the second process's start-up) counts in the span only.
     assert result["wall_time_first_start_to_end_s"] > result["wall_time_s"] > result["wall_time_last_segment_s"] > 0
+
+
+def test_a_resume_that_counts_other_steps_is_refused(tmp_path):
+    run_files.write_json(str(tmp_path / run_files.RESOLVED), {"Trainer.train_steps": 64})
+    run_files.check_resolved(str(tmp_path), {"Trainer.train_steps": 64})
+    with pytest.raises(ConfigError, match=r"resolved.json: Trainer.train_epochs comes to Trainer.train_steps = 70 in "
+                                          r"this run, but the run in .* was trained with 64 \(the train data's size "
+                                          r"changed\); bind Trainer.train_steps = 64 in its place"):
+        run_files.check_resolved(str(tmp_path), {"Trainer.train_steps": 70})
+
+
+def test_segments_are_kept_across_starts_and_reset_by_a_new_run(tmp_path, monkeypatch):
+    clock = iter([100.0, 100.0, 130.0, 200.0, 200.0, 210.0, 215.0, 300.0, 300.0, 301.0])
+    monkeypatch.setattr(run_files.time, "time", lambda: next(clock))
+    first = RunFiles(str(tmp_path))
+    first.start("config", 0)                     # 100
+    first.record_segment(4)                      # 130: a checkpoint, then killed
+    resumed = RunFiles(str(tmp_path))
+    resumed.start("config", 4)                   # 200
+    resumed.record_segment(8)                    # 210
+    assert resumed.finish_segment(8) == {"wall_time_s": 45.0, "wall_time_first_start_to_end_s": 115.0,
+                                         "wall_time_last_segment_s": 15.0, "segments": 2}   # at 215
+    (tmp_path / run_files.SEGMENTS).write_text("{not json")  # timings only: never fails the run
+    again = RunFiles(str(tmp_path))
+    again.start("config", 8)                     # 300
+    assert again.finish_segment(8)["segments"] == 1
+    fresh = RunFiles(str(tmp_path))              # a new run (step 0) forgets the old segments
+    monkeypatch.setattr(run_files.time, "time", lambda: 400.0)
+    fresh.start("config", 0)
+    assert fresh.finish_segment(2) == {"wall_time_s": 0.0, "wall_time_first_start_to_end_s": 0.0,
+                                       "wall_time_last_segment_s": 0.0, "segments": 1}
