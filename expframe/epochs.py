@@ -68,7 +68,8 @@ def check_bindings(steps: Dict[str, Optional[int]], in_epochs: Dict[str, Optiona
     for name, value in in_epochs.items():
         if steps.get(name) is not None and value is not None:
             raise ConfigError(f"Trainer.{name}_steps={steps[name]!r} and Trainer.{name}_epochs={value!r} are both "
-                              "bound: bind one of them.")
+                              f"bound: bind one of them (to replace a gin file's Trainer.{name}_steps, add "
+                              f"--gin_param='Trainer.{name}_steps = None').")
         positive_number(f"Trainer.{name}_epochs", value)
     if steps.get("train") is None and in_epochs.get("train") is None:
         raise ConfigError("Trainer.train_steps and Trainer.train_epochs are both unbound: bind one of them "
