@@ -66,7 +66,7 @@ from expframe.rl.actors import PolicyExecutor, SynchronousActor, episode_returns
 from expframe.rl.environments import control_suite
 from expframe.rl.exploration import ExplorationSchedule
 from expframe.rl.learner_input import PreparedBatches
-from expframe.tasks.base import StopRequested, Task
+from expframe.tasks.base import StopRequested, Task, model_losses
 from expframe.tasks.d4pg_observations import ObservationNetworks
 
 
@@ -94,6 +94,10 @@ class D4PGTask(ObservationNetworks, Task):
     Args:
       environment: `fn(seed=) -> environment` (e.g. `@control_suite`).
       policy_network, critic_network: `fn(observation_size, action_size) -> keras.Model`.
+        A network's regularisation losses (`model.losses`, e.g. `kernel_regularizer=...`)
+        are added to the loss of the optimizer that trains it (the critic's and the
+        observation network's to the critic loss, and to `loss`); logged as
+        `critic_reg_loss` and `actor_reg_loss` when there are some.
       actor_optimizer, critic_optimizer: build Keras optimizers (default Adam 1e-4),
         called and wrapped under the gin scopes `actor/` and `critic/`.
       discount: gamma per environment step.
@@ -361,6 +365,10 @@ class D4PGTask(ObservationNetworks, Task):
             logits = tf.cast(self.critic([observations, actions], training=True), tf.float32)
             cross_entropy, td_error = losses.categorical_td(self.support, logits, target)
             critic_loss = tf.reduce_mean(batch["weight"] * cross_entropy)
+            # The networks' regularisation losses (model.losses, e.g. kernel_regularizer=...),
+            # each added to the loss of the optimizer that trains it.
+            critic_reg = model_losses(self.critic, self.observation_network)
+            critic_total = critic_loss if critic_reg is None else critic_loss + critic_reg
         with tf.GradientTape() as actor_tape:
             observations = tf.stop_gradient(observations)
             if self._policy_with_preactivation is None:
@@ -374,18 +382,24 @@ class D4PGTask(ObservationNetworks, Task):
             actor_loss = tf.reduce_mean(losses.dpg_loss(q_values, policy_actions, dq_tape, self.dqda_clipping))
             if self._policy_with_preactivation is not None:
                 actor_loss += self.preactivation_penalty * preactivation_ms
+            actor_reg = model_losses(self.policy)
+            actor_total = actor_loss if actor_reg is None else actor_loss + actor_reg
         # minimize scales each loss under loss scaling (mixed_float16), then unscales,
         # averages over replicas, clips and applies. The policy's gradient does not
         # read the critic's weights (dQ/da is fixed above), so the order is free; the
         # critic's variables include a pixel encoder, which only the critic trains.
-        self.critic_optimizer.minimize(critic_loss, self._critic_variables(), critic_tape)
-        self.actor_optimizer.minimize(actor_loss, self.policy.trainable_variables, actor_tape)
+        self.critic_optimizer.minimize(critic_total, self._critic_variables(), critic_tape)
+        self.actor_optimizer.minimize(actor_total, self.policy.trainable_variables, actor_tape)
 
         tf.numpy_function(self._receive, [batch["key"], td_error], [], stateful=True)
         metrics = {"loss": critic_loss, "critic_loss": critic_loss, "actor_loss": actor_loss,
                    "q_mean": tf.reduce_mean(q_values)}
         if self._policy_with_preactivation is not None:
             metrics["policy_preactivation_rms"] = tf.sqrt(preactivation_ms)
+        if critic_reg is not None:
+            metrics.update(loss=critic_total, critic_reg_loss=critic_reg)
+        if actor_reg is not None:
+            metrics["actor_reg_loss"] = actor_reg
         return metrics
 
     def _preactivation_model(self) -> keras.Model:
@@ -524,19 +538,22 @@ class D4PGTask(ObservationNetworks, Task):
             self._remote_started = (time.perf_counter(), self.replay.inserted)
         self._recent_returns.extend(pool.service.take_returns())
 
-    def _rounds_due(self, learner_steps: int) -> int:
+    def _rounds_due(self, learner_steps: int, slack: int = 0) -> int:
         """(Lockstep) rounds of actor chunks (one chunk of `weights_every` environment steps
-        per actor) that cover the environment steps due by `learner_steps`."""
-        due = self._env_steps_due(learner_steps) - self._insert_offset
+        per actor) that cover the environment steps due by `learner_steps`, plus `slack`."""
+        due = self._env_steps_due(learner_steps) - self._insert_offset + slack
         return max(0, math.ceil(due / (self.num_actors * self.weights_every)))
 
     def _act_in_lockstep(self, step: int, num_steps: int) -> None:
         """Publishes the weights of `step` for the rounds the next host call but one needs
-        (so the actors act one call ahead, with weights one call old), then takes the rounds
-        this call needs, whole and in order (`expframe.rl.lockstep`): the same rows reach
-        the replay in the same order in every run, whatever the timing."""
+        (so the actors act one call ahead, with weights one or two calls old), then takes
+        the rounds this call needs, whole and in order (`expframe.rl.lockstep`): the same
+        rows reach the replay in the same order in every run, whatever the timing. The
+        actors may act as far ahead as free-running ones (`allow` in `_act_remotely`: one
+        host call plus one chunk)."""
         pool = self.actor_pool
-        pool.service.publish(self.acting_weights(), step, rounds=self._rounds_due(step + 2 * num_steps))
+        slack = self.weights_every + self.n_step
+        pool.service.publish(self.acting_weights(), step, rounds=self._rounds_due(step + 2 * num_steps, slack))
         due = self._rounds_due(step + num_steps)
         started = time.perf_counter()
         while True:
@@ -680,8 +697,9 @@ def _check_actor_reproducibility(num_actors: int, deterministic: bool, lockstep:
     if weights_every < n_step:
         raise xf.ConfigError(
             f"D4PGTask.weights_every={weights_every} is below D4PGTask.n_step={n_step}: acting in lockstep "
-            "(run_experiment.deterministic = True or D4PGTask.lockstep = True) counts chunks of weights_every environment "
-            f"steps, and a chunk that short can carry no transition; raise D4PGTask.weights_every to {n_step} or more.")
+            "(run_experiment.deterministic = True or D4PGTask.lockstep = True) counts chunks of weights_every "
+            f"environment steps, and a chunk that short can carry no transition; raise D4PGTask.weights_every to "
+            f"{n_step} or more.")
     print(f"expframe: D4PG's {num_actors} actor process(es) act in lockstep with the learner: the weights each "
           "chunk acts with and the chunks each learner step takes are fixed by the step count, not by timing.",
           flush=True)
