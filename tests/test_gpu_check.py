@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from expframe.reproduce import spread
 from tests import main_runner as mr
 
 BENCHMARKS = os.path.join(mr.ROOT, "benchmarks")
@@ -85,7 +86,10 @@ def test_skipped_configurations_are_rows_of_the_table(gpu_check, monkeypatch):
     def fake_measure(setup, repeats, runners):
         measured.append(setup)
         row = {name: {"images_per_sec": 10.0, "keras_default_jit_compile": True} for name in runners}
-        return dict(row, expframe_over_handwritten_paired=1.0, expframe_over_keras_fit_paired=0.5)
+        # The paired ratios of the three repeats, and their spread as resnet50_throughput.measure writes it.
+        return dict(row, expframe_over_handwritten_paired=1.0, expframe_over_keras_fit_paired=0.5,
+                    spread={"expframe_over_handwritten": spread.of([0.98, 1.0, 1.03]),
+                            "expframe_over_keras_fit": spread.of([0.45, 0.5, 0.52])})
 
     monkeypatch.setattr(gpu_check.r50, "measure", fake_measure)
     rows = []
@@ -94,7 +98,8 @@ def test_skipped_configurations_are_rows_of_the_table(gpu_check, monkeypatch):
     first, skipped = rows
     assert (first["configuration"], first["expframe"], skipped["configuration"]) == (
         "float32, XLA off", 10.0, "float32, XLA on")
-    assert first["note"] == "expframe/handwritten 1.00, expframe/fit 0.50; Keras fit's default here: XLA on"
+    assert first["note"] == ("expframe/handwritten 1.00 (0.98-1.03), expframe/fit 0.50 (0.45-0.52) (paired, 3 "
+                             "repeats); Keras fit's default here: XLA on")
     assert skipped["note"] == "skipped (time budget)" and "expframe" not in skipped
     setup = measured[0]  # the configuration the check promises: ResNet-50 at 224 on the target, fit without strategy
     assert (setup.depth, setup.size, setup.target, setup.jit_compile, setup.fit_strategy_kind) == (
