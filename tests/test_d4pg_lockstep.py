@@ -2,16 +2,19 @@
 lockstep"): two runs with `run_experiment.deterministic = True` and the same actors, started
 at the same time so that they compete for the cores and their timings differ, log the same
 numbers (wall-clock figures aside) and end with the same checkpoint tensors: 1 actor process
-against 1, and 2 against 2."""
+against 1, and 2 against 2. And such a run stopped by SIGTERM twice, then SIGKILLed, resumes
+as if it never stopped, its acting state's bytes (the actors' states) included."""
 
 import os
 import re
+import signal
 import subprocess
 
 import numpy as np
 import pytest
 
 from tests import main_runner as mr
+from tests.test_d4pg_resume import _Run
 
 STATES_GIN = "experiments/d4pg_control.gin"
 PIXELS_GIN = "experiments/d4pg_control_pixels.gin"
@@ -93,3 +96,46 @@ def test_two_deterministic_pixel_runs_with_two_actors_in_one_process_are_equal(t
     params = PIXELS + ("D4PGTask.num_actors = 2", "D4PGTask.actors_per_process = 2")
     first, second = _two_runs_at_once(tmp_path, PIXELS_GIN, params)
     _assert_same(first, second, 2)
+
+
+def test_a_lockstep_run_stopped_twice_and_killed_resumes_as_if_never_stopped(tmp_path):
+    """Host calls of 5 learner steps, a checkpoint every 10: SIGTERM after step 5 (a
+    checkpoint where the run stands), SIGTERM again at least 5 steps later, SIGKILL after
+    the next step past the next periodic checkpoint (resumes from it), then to the end."""
+    params = tuple(p for p in STATES if not p.startswith(("Trainer.steps_per_loop", "Trainer.log_every_steps",
+                                                           "Trainer.checkpoint_every_steps"))) + (
+        "Trainer.steps_per_loop = 5", "Trainer.log_every_steps = 5", "Trainer.checkpoint_every_steps = 10",
+        "D4PGTask.num_actors = 1")
+    reference = _Run(STATES_GIN, params, tmp_path / "reference", tmp_path)
+    model_dir, stops, runs = tmp_path / "stopped", [], [reference]
+    try:
+        for how, after in ((signal.SIGTERM, 5), (signal.SIGTERM, None), (signal.SIGKILL, None)):
+            resumed = mr.latest_step(model_dir) if (model_dir / "checkpoints").is_dir() else 0
+            run = _Run(STATES_GIN, params, model_dir, tmp_path)
+            runs.append(run)
+            if after is None:   # the step after the next periodic checkpoint past where it resumed
+                after = (resumed // 10 + 1) * 10 + 5 if how == signal.SIGKILL else resumed + 5
+            run.wait_for_step(after)
+            run.proc.send_signal(how)
+            code = run.finish()
+            assert code == (-signal.SIGKILL if how == signal.SIGKILL else 0), run.output()[-3000:]
+            stops.append((how.name, after, mr.latest_step(model_dir)))
+            assert mr.latest_step(model_dir) < TRAIN_STEPS, f"stopped too late to test a resume: {stops}"
+        final = _Run(STATES_GIN, params, model_dir, tmp_path)
+        runs.append(final)
+        assert final.finish() == 0, final.output()[-3000:]
+        assert "this resume is not exact" not in final.output()
+        assert reference.finish() == 0, reference.output()[-3000:]
+    finally:
+        for started in runs:
+            if started.proc.poll() is None:
+                started.proc.kill()
+    records, expected = _records(model_dir), _records(tmp_path / "reference")
+    assert [(r["split"], r["step"]) for r in records] == [(r["split"], r["step"]) for r in expected]
+    differ = [(a["split"], a["step"], k, a[k], b.get(k)) for a, b in zip(expected, records, strict=True)
+              for k in a if b.get(k) != a[k]]
+    assert not differ, f"{len(differ)} numbers differ after stops {stops}; the first: {differ[:4]}"
+    tensors, reference_tensors = _tensors(model_dir), _tensors(tmp_path / "reference")
+    assert tensors.keys() == reference_tensors.keys()
+    for name, value in reference_tensors.items():
+        np.testing.assert_array_equal(tensors[name], value, err_msg=f"{name} after stops {stops}")

@@ -100,9 +100,11 @@ class ActorPool:
         it is restarted as one (one restart of the budget).
       lockstep: the actors act in lockstep with the learner (`expframe.rl.lockstep`):
         which weights each chunk acts with and which chunks the learner takes are fixed by
-        counts, so the run repeats. An actor restart then breaks the repetition (its
-        round is acted again with new seeds; the pool says so), and an actor given up
-        (no restarts left) stops the run, since every round needs every actor.
+        counts, so the run repeats. A restarted actor continues from the state its
+        predecessor sent with its last chunk; an actor given up (no restarts left) stops
+        the run, since every round needs every actor.
+      lockstep_state: a checkpoint's `Lockstep.snapshot()` (lockstep only): the actors
+        continue from where the checkpointed run's were.
 
     Processes are numbered 0, 1, ... and hold actors `groups[p]` (process p holds actors
     p*K .. p*K + K - 1 for K actors per process; with 1, process p is actor p).
@@ -112,10 +114,10 @@ class ActorPool:
                  sigmas: Sequence[float], seed: int, weights_every: int, capacity: int, max_restarts: int,
                  address: str = "127.0.0.1:0", resume_step: int = 0, acting: str = DEFAULT_ACTING,
                  weight_names: Optional[Sequence[str]] = None, startup_timeout_s: float = 600.0,
-                 actors_per_process: int = 1, lockstep: bool = False):
+                 actors_per_process: int = 1, lockstep: bool = False, lockstep_state=None):
         self.lockstep = bool(lockstep)
         self.service = LearnerService(weights, shapes, capacity, address, names=weight_names, version=resume_step,
-                                      lockstep=num_actors if lockstep else 0)
+                                      lockstep=num_actors if lockstep else 0, lockstep_state=lockstep_state)
         self.sigmas, self.seed, self.weights_every = list(sigmas), int(seed), int(weights_every)
         self.max_restarts, self.restarts = int(max_restarts), 0
         self.resume_step, self.acting = int(resume_step), acting
@@ -238,8 +240,7 @@ class ActorPool:
                 self.restart_counts[group] += 1
                 _log(f"{name} (pid {process.pid}) {status}; restarting it "
                      f"(restart {self.restarts} of {self.max_restarts})"
-                     + ("; acting in lockstep, this run no longer repeats: the restart acts its round again "
-                        "with new seeds" if self.lockstep else ""))
+                     + ("; in lockstep it continues from the state sent with its last chunk" if self.lockstep else ""))
                 self._start(group)
             elif self.lockstep:
                 self.processes[group] = None

@@ -8,7 +8,10 @@ other hosts (the learner's service bound to an address they can reach):
 
 Seeds: environment and noise from `actor_seeds(seed, actor_id, restart, resume_step)`
 (`--seed` is the run's seed): give a restarted actor a new `--restart` and the actors
-of a resumed learner its `--resume_step`, or they repeat their episodes and noise.
+of a resumed learner its `--resume_step`, or they repeat their episodes and noise. A
+learner that runs its actors in lockstep (`expframe.rl.lockstep`) instead gives each
+actor the state to start from (`start_state`): a restart continues its predecessor's
+episode, noise and environment, and so do the actors of a resumed learner.
 
 What to act in and with comes from `--acting=module:function` (default
 `expframe.tasks.d4pg:acting_parts`, what `D4PGTask` passes): called after the gin config
@@ -91,10 +94,13 @@ class ProcessActor:
       exploration: None, or `(version, sigma) -> sigma`: each actor's noise for the
         weights of learner step `version`, from its own sigma at start (DrQ-v2's decay,
         `expframe.rl.exploration`).
+      send_state: send each actor's state (`SynchronousActor.state()`, .npz bytes) with
+        each chunk, as it is after the chunk (the learner runs its actors in lockstep,
+        `expframe.rl.lockstep`, and resumes them from those states).
     """
 
     def __init__(self, client, actor, buffer, weights_every: int,
-                 exploration: Optional[Callable[[int, float], float]] = None):
+                 exploration: Optional[Callable[[int, float], float]] = None, send_state: bool = False):
         many = isinstance(actor, (list, tuple))
         self.clients = list(client) if many else [client]
         self.actors = list(actor) if many else [actor]
@@ -104,6 +110,7 @@ class ProcessActor:
                              f"{len(self.buffers)} buffers: give one of each per actor.")
         self.weights_every = int(weights_every)
         self.exploration = exploration
+        self.send_state = bool(send_state)
         self.final_sigmas = [actor.sigma for actor in self.actors]
         self.weight_wait_s = 0.0      # time spent fetching weights
         self.insert_wait_s = 0.0      # time spent sending (and waiting to be let in)
@@ -150,20 +157,22 @@ class ProcessActor:
             from expframe.rl.actors import run_together  # pylint: disable=import-outside-toplevel
             run_together(self.actors, self.weights_every)
         for client, actor, buffer in zip(self.clients, self.actors, self.buffers, strict=True):
-            if not self._send(client, version, actor.finished_returns(), buffer):
+            if not self._send(client, version, actor.finished_returns(), buffer, actor):
                 return False
         return True
 
-    def _send(self, client, version: int, returns: List[float], buffer) -> bool:
-        """Inserts `buffer`'s transitions, retried while the learner holds them back; False
-        once the learner has closed."""
+    def _send(self, client, version: int, returns: List[float], buffer, actor) -> bool:
+        """Inserts `buffer`'s transitions (with `actor`'s state when `send_state`), retried
+        while the learner holds them back; False once the learner has closed."""
+        from expframe.rl.npz_state import npz_bytes  # pylint: disable=import-outside-toplevel
         from expframe.rl.rpc import STALE  # pylint: disable=import-outside-toplevel
         if not buffer.rows:
             return True
         transitions = buffer.drain()
+        state = npz_bytes(actor.state()) if self.send_state else b""
         started, delay = time.perf_counter(), 0.001
         while True:
-            accepted = client.insert(version, transitions, returns)
+            accepted = client.insert(version, transitions, returns, state)
             if accepted == STALE:   # the learner moved too far past these weights: dropped
                 self.stale_chunks += 1
                 return True
@@ -246,7 +255,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             actors.append(SynchronousActor(parts.environment, executor, adder, sigma=sigma, seed=noise_seed))
             buffers.append(buffer)
         clients = [ActorClient(args.address, actor_id) for actor_id in ids]
-        runner = ProcessActor(clients, actors, buffers, args.weights_every, exploration)
+        # In lockstep, a restarted actor (or one of a resumed learner) continues from the
+        # state the learner holds for it, not from its fresh seeds.
+        lockstep = False
+        for client, actor in zip(clients, actors, strict=True):
+            lockstep, state = client.start_state()
+            if state:
+                from expframe.rl.npz_state import npz_arrays  # pylint: disable=import-outside-toplevel
+                actor.restore(npz_arrays(state))
+        runner = ProcessActor(clients, actors, buffers, args.weights_every, exploration, send_state=lockstep)
         while runner.step():
             if os.getppid() != parent:
                 print(f"{name}: the learner process is gone; stopping", file=sys.stderr)

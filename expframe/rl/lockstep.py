@@ -17,9 +17,17 @@ numbered per actor: 0, 1, 2, ... A **round** is chunk r of every actor. Then:
   others: the replay receives the same rows in the same order in every run.
 
 What one run then depends on is the run's seed and the counts, not on which process ran
-first. An actor that is restarted acts its round again with new seeds (its episodes differ),
-so a run with an actor restart is no longer bit-reproducible; the pool says so when it
-happens.
+first.
+
+Actors send their state (`SynchronousActor.state()`: noise generator, episode in progress,
+adder, environment physics; as .npz bytes) with each chunk, as it is after the chunk. So:
+
+* a restarted actor starts from the state after its last chunk received (`start_state`)
+  and acts its next round as the actor it replaces would have;
+* a checkpoint holds `snapshot()`: the rounds taken, the versions and weights of rounds
+  given out and not taken, and each actor's state after the last round taken. A learner
+  resumed from it (`restore`) gives its actors those states, and the rounds they had acted
+  ahead are acted again, the same way: the resumed run continues as if never stopped.
 
 This object is plain bookkeeping, called with `LearnerService`'s lock held.
 """
@@ -30,6 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 Chunk = Tuple[int, Dict[str, np.ndarray], List[float], int]   # (actor id, fields, episode returns, version)
+SNAPSHOT = "lockstep/"   # the prefix of `snapshot()`'s arrays
 
 
 class Lockstep:
@@ -53,6 +62,9 @@ class Lockstep:
         self.weights: Dict[int, List[np.ndarray]] = {}   # version -> weights, while a round needs them
         self.sent: collections.Counter = collections.Counter()   # actor id -> chunks received
         self.chunks: Dict[Tuple[int, int], Chunk] = {}   # (round, actor id) -> chunk, until taken
+        self.states: Dict[Tuple[int, int], bytes] = {}   # (round, actor id) -> actor state after it, until taken
+        self.last_state: Dict[int, bytes] = {}       # actor id -> its state after its last chunk received
+        self.taken_state: Dict[int, bytes] = {}      # actor id -> its state after the last round taken
         self.rows = 0                                # rows received and not yet taken
 
     def assign(self, rounds: int, version: int, weights: Sequence[np.ndarray]) -> None:
@@ -74,14 +86,16 @@ class Lockstep:
         version = self.versions[r]
         return version, self.weights[version]
 
-    def add(self, actor_id: int, fields: Dict[str, np.ndarray], returns: List[float], version: int) -> bool:
-        """Records actor `actor_id`'s next chunk; False (not recorded) if its round has no
-        version yet (an actor that sends without fetching first)."""
+    def add(self, actor_id: int, fields: Dict[str, np.ndarray], returns: List[float], version: int,
+            state: bytes = b"") -> bool:
+        """Records actor `actor_id`'s next chunk, with the actor's state after it; False (not
+        recorded) if its round has no version yet (an actor that sends without fetching first)."""
         actor_id = int(actor_id)
         r = self.sent[actor_id]
         if r >= self.assigned or actor_id >= self.num_actors:
             return False
         self.chunks[(r, actor_id)] = (actor_id, fields, list(returns), int(version))
+        self.states[(r, actor_id)] = self.last_state[actor_id] = bytes(state)
         self.sent[actor_id] += 1
         self.rows += len(next(iter(fields.values())))
         return True
@@ -101,11 +115,49 @@ class Lockstep:
         for r in range(self.taken, end):
             for a in range(self.num_actors):
                 chunk = self.chunks.pop((r, a))
+                self.taken_state[a] = self.states.pop((r, a))
                 self.rows -= len(next(iter(chunk[1].values())))
                 out.append(chunk)
         self.taken = max(self.taken, end)
         self._prune()
         return out
+
+    def start_state(self, actor_id: int) -> bytes:
+        """The state actor `actor_id` starts from (b"": its own, fresh): after its last chunk
+        received (a restart), or after the last round taken (a resumed learner's actors)."""
+        return self.last_state.get(int(actor_id), b"")
+
+    def snapshot(self) -> Dict[str, np.ndarray]:
+        """What a checkpoint holds to resume exactly (module docstring), as named arrays:
+        `lockstep/taken`, `lockstep/assigned`, `lockstep/versions` ([round, version] rows of
+        the rounds given out and not taken), `lockstep/weights/<version>/<i>` and
+        `lockstep/state/<actor id>` (the state's bytes as uint8)."""
+        out = {f"{SNAPSHOT}taken": np.array(self.taken, np.int64),
+               f"{SNAPSHOT}assigned": np.array(self.assigned, np.int64),
+               f"{SNAPSHOT}versions": np.array(sorted(self.versions.items()), np.int64).reshape(-1, 2)}
+        for version, weights in self.weights.items():
+            out.update({f"{SNAPSHOT}weights/{version}/{i}": np.asarray(w) for i, w in enumerate(weights)})
+        for actor_id, state in self.taken_state.items():
+            out[f"{SNAPSHOT}state/{actor_id}"] = np.frombuffer(state, np.uint8)
+        return out
+
+    def restore(self, arrays: Dict[str, np.ndarray]) -> None:
+        """Continues from `snapshot()`: every actor at the first round not taken, starting
+        from its state after the rounds taken; the rounds given out keep their versions."""
+        self.taken = int(arrays[f"{SNAPSHOT}taken"])
+        self.assigned = int(arrays[f"{SNAPSHOT}assigned"])
+        self.versions = {int(r): int(v) for r, v in arrays[f"{SNAPSHOT}versions"]}
+        weights: Dict[int, Dict[int, np.ndarray]] = collections.defaultdict(dict)
+        for name, value in arrays.items():
+            if name.startswith(f"{SNAPSHOT}weights/"):
+                version, i = name[len(f"{SNAPSHOT}weights/"):].split("/")
+                weights[int(version)][int(i)] = np.array(value)
+        self.weights = {v: [w[i] for i in range(len(w))] for v, w in weights.items()}
+        self.taken_state = {int(name[len(f"{SNAPSHOT}state/"):]): value.tobytes() for name, value in arrays.items()
+                            if name.startswith(f"{SNAPSHOT}state/")}
+        self.last_state = dict(self.taken_state)
+        self.sent = collections.Counter({a: self.taken for a in range(self.num_actors)})
+        self.chunks, self.states, self.rows = {}, {}, 0
 
     def _prune(self) -> None:
         """Forgets the versions of taken rounds, and weights no round left needs."""

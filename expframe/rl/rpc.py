@@ -6,8 +6,9 @@ to Python on the learner's host (`tf.numpy_function`):
 
   weights(actor_id, sender)    -> (version, *policy weights)   the latest published policy
   insert(actor_id, sender, version, observation, action, reward, discount, next_observation,
-         episode_returns)      -> accepted (0 or 1)
+         episode_returns, state) -> accepted (0 or 1)
   weight_names()               -> the names of the weights, in the order they are sent
+  start_state(actor_id, sender) -> (lockstep 0 or 1, the state the actor starts from or b"")
 
 One sender per actor id: `sender` is a number each `ActorClient` draws (its pid in the
 high bits), and the first sender of an id owns it while it keeps calling. A second sender
@@ -40,7 +41,10 @@ chunks a weights version when it publishes (`publish(..., rounds=R)`); `weights`
 actor with its next chunk's version, or `WAIT` (the client retries) while that round has
 none; inserts are kept per (round, actor) and the learner takes whole rounds in order
 (`take_rounds`). Capacity, the `allow` limit and `max_lag` do not apply: the rounds are the
-flow control.
+flow control. Lockstep actors send their state with each chunk (`insert`'s `state`, .npz
+bytes; b"" otherwise) and ask `start_state` when they start: a restarted actor, and every
+actor of a learner resumed from a checkpoint (`lockstep_state`), continues from the state
+the lockstep bookkeeping holds for it.
 """
 
 import collections
@@ -107,11 +111,13 @@ class LearnerService:
       version: the version of `weights` (the learner step they are from, for lags in steps).
       lockstep: 0 (actors free-running), or the number of actors acting in lockstep with
         the learner (module docstring).
+      lockstep_state: a checkpoint's `Lockstep.snapshot()` to continue from (None: fresh).
     """
 
     def __init__(self, weights: Sequence[np.ndarray], shapes: Dict[str, Tuple[int, ...]], capacity: int,
                  address: str = "127.0.0.1:0", insert_wait_s: float = 0.05, names: Optional[Sequence[str]] = None,
-                 sender_timeout_s: float = 120.0, version: int = 0, lockstep: int = 0):
+                 sender_timeout_s: float = 120.0, version: int = 0, lockstep: int = 0,
+                 lockstep_state: Optional[Dict[str, np.ndarray]] = None):
         host, port = address.rsplit(":", 1)
         port = int(port) or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
         self.address = f"{host}:{port}"
@@ -134,6 +140,8 @@ class LearnerService:
         self.episode_returns: List[float] = []
         self.closed = False
         self.lockstep = Lockstep(lockstep) if lockstep else None
+        if self.lockstep is not None and lockstep_state:
+            self.lockstep.restore(lockstep_state)
         self.names = None if names is None else [str(n) for n in names]
         if self.names is not None and len(self.names) != len(self._weights):
             raise ValueError(f"LearnerService: {len(self.names)} names for {len(self._weights)} weights.")
@@ -158,7 +166,7 @@ class LearnerService:
         field_specs = [tf.TensorSpec((None,) + shape, dtype) for shape, dtype in map(_spec, shapes.values())]
 
         @tf.function(input_signature=[tf.TensorSpec([], tf.int64)] * 3 + field_specs
-                     + [tf.TensorSpec([None], tf.float32)])
+                     + [tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.string)])
         def insert_fn(actor_id, sender, version, *arrays):
             accepted = tf.numpy_function(self._insert, [actor_id, sender, version, *arrays], tf.int64, stateful=True)
             accepted.set_shape([])
@@ -170,7 +178,16 @@ class LearnerService:
         def names_fn():
             return names_tensor
 
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
+        def start_state_fn(actor_id, sender):
+            flag, state = tf.numpy_function(self._start_state, [actor_id, sender], [tf.int64, tf.string],
+                                            stateful=True)
+            flag.set_shape([])
+            state.set_shape([])
+            return flag, state
+
         self._server.register("weights", weights_fn)
+        self._server.register("start_state", start_state_fn)
         self._server.register("insert", insert_fn)
         self._server.register("weight_names", names_fn)
         self._server.start()
@@ -299,6 +316,14 @@ class LearnerService:
                   f"replay stream): give each actor its own --actor_id", file=sys.stderr, flush=True)
         return False
 
+    def _start_state(self, actor_id, sender):
+        with self._lock:
+            if self.lockstep is None or self.closed:
+                return np.int64(0 if self.lockstep is None else 1), np.bytes_(b"")
+            if not self._admit(int(actor_id), int(sender)):
+                return np.int64(DUPLICATE), np.bytes_(b"")
+            return np.int64(1), np.bytes_(self.lockstep.start_state(int(actor_id)))
+
     def _get_weights(self, actor_id, sender):
         with self._lock:
             if not self.closed and not self._admit(int(actor_id), int(sender)):
@@ -324,14 +349,14 @@ class LearnerService:
             self._limit is None or self.inserted + count <= self._limit)
 
     def _insert(self, actor_id, sender, version, *arrays):
-        arrays, returns = arrays[:-1], arrays[-1]
+        arrays, returns, state = arrays[:-2], arrays[-2], arrays[-1]
         count = len(arrays[0])
         deadline = time.monotonic() + self.insert_wait_s
         with self._lock:
             if not self.closed and not self._admit(int(actor_id), int(sender)):
                 return np.int64(DUPLICATE)
             if self.lockstep is not None:
-                return self._insert_round(int(actor_id), int(version), arrays, returns)
+                return self._insert_round(int(actor_id), int(version), arrays, returns, bytes(state))
             # Held here (not refused at once) while the learner may still let it in: the
             # insert goes through the moment `allow` or `take` makes room, and the actor
             # does not poll (each poll is an RPC, CPU on both sides of a shared machine).
@@ -367,12 +392,13 @@ class LearnerService:
             return np.int64(1)
 
 
-    def _insert_round(self, actor_id: int, version: int, arrays, returns) -> np.int64:
-        """(Lockstep, lock held) keeps the chunk for its round; the learner takes it in order."""
+    def _insert_round(self, actor_id: int, version: int, arrays, returns, state: bytes) -> np.int64:
+        """(Lockstep, lock held) keeps the chunk, and the actor's state after it, for its
+        round; the learner takes it in order."""
         if self.closed:
             return np.int64(-1)
         fields = dict(zip(self.fields, arrays, strict=True))
-        if not self.lockstep.add(actor_id, fields, [float(r) for r in returns], version):
+        if not self.lockstep.add(actor_id, fields, [float(r) for r in returns], version, state):
             self.refused += 1
             return np.int64(0)
         self.inserted += len(arrays[0])
@@ -441,13 +467,28 @@ class ActorClient:
                                f"({what}); the learner and the actor must build the same acting policy "
                                "(same gin config and expframe version).")
 
-    def insert(self, version: int, transitions: Dict[str, np.ndarray], returns: Sequence[float]) -> int:
-        """Sends transitions (the service's fields, in its order, with their dtypes);
-        1 accepted, 0 refused (retry later), -1 the learner has closed, `STALE` acted with
-        weights older than the learner's `max_lag` (dropped: fetch and act again)."""
+    def start_state(self) -> Tuple[bool, bytes]:
+        """(Whether the learner runs its actors in lockstep, the state this actor starts from:
+        b"" for its own fresh one.)
+
+        Raises:
+          DuplicateActorError: another live actor sends under this actor id.
+        """
+        flag, state = self._client.start_state(*self._ids()).get_value()
+        if int(flag) == DUPLICATE:
+            raise self._refused()
+        return bool(int(flag)), bytes(state.numpy())
+
+    def insert(self, version: int, transitions: Dict[str, np.ndarray], returns: Sequence[float],
+               state: bytes = b"") -> int:
+        """Sends transitions (the service's fields, in its order, with their dtypes), and in
+        lockstep the actor's state after them; 1 accepted, 0 refused (retry later), -1 the
+        learner has closed, `STALE` acted with weights older than the learner's `max_lag`
+        (dropped: fetch and act again)."""
         args = self._ids() + [tf.constant(version, tf.int64)]
         args += [tf.constant(np.asarray(array)) for array in transitions.values()]
         args.append(tf.constant(np.asarray(returns, np.float32).reshape(-1)))
+        args.append(tf.constant(state, tf.string))
         accepted = int(self._client.insert(*args).get_value())
         if accepted == DUPLICATE:
             raise self._refused()

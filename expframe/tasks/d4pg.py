@@ -46,11 +46,9 @@ their episodes in progress are not in the checkpoint.
 """
 
 import collections
-import io
 import math
 import threading
 import time
-import zipfile
 from typing import Any, Callable, Dict, Optional
 
 import gin
@@ -66,6 +64,7 @@ from expframe.rl.actors import PolicyExecutor, SynchronousActor, episode_returns
 from expframe.rl.environments import control_suite
 from expframe.rl.exploration import ExplorationSchedule
 from expframe.rl.learner_input import PreparedBatches
+from expframe.rl.npz_state import npz_arrays, npz_bytes
 from expframe.tasks.base import StopRequested, Task, model_losses
 from expframe.tasks.d4pg_observations import ObservationNetworks
 
@@ -245,6 +244,7 @@ class D4PGTask(ObservationNetworks, Task):
         _check("max_weight_lag", max_weight_lag is None or positive_int(max_weight_lag), max_weight_lag,
                "must be a positive integer (learner steps) or None")
         self.max_weight_lag = max_weight_lag
+        self._lockstep_resume = None   # a checkpoint's lockstep state, until the actor pool starts
         _check("lockstep", lockstep in (None, True, False), lockstep, "must be True, False or None")
         self.lockstep = lockstep
         self.actor_pool = None
@@ -507,8 +507,14 @@ class D4PGTask(ObservationNetworks, Task):
                                         resume_step=step, acting=f"{__name__}:acting_parts",
                                         weight_names=self.acting_weight_names(),
                                         startup_timeout_s=self.actor_startup_timeout_s,
-                                        actors_per_process=self.actors_per_process, lockstep=self._lockstep)
+                                        actors_per_process=self.actors_per_process, lockstep=self._lockstep,
+                                        lockstep_state=self._lockstep_resume)
             self._insert_offset, self._learner_wait_s, self._remote_started = self.replay.inserted, 0.0, None
+            if self._lockstep_resume:
+                # The round grid of the run resumed (rounds count from its first pool's offset).
+                self._insert_offset = int(self._lockstep_resume[LOCKSTEP_OFFSET])
+                self.actor_pool.service.max_version_lag = int(self._lockstep_resume[LOCKSTEP_MAX_LAG])
+            self._lockstep_resume = None
             if self.max_weight_lag is not None and self.max_weight_lag < num_steps:
                 raise xf.ConfigError(
                     f"D4PGTask.max_weight_lag={self.max_weight_lag} is below the {num_steps} learner steps of one "
@@ -647,6 +653,27 @@ class D4PGTask(ObservationNetworks, Task):
         arrays.update({f"replay/{k}": v for k, v in self.replay.state().items()})
         arrays.update({f"actor/{k}": v for k, v in self.actor.state().items()})
         arrays["lags"] = np.array(sorted(self._lags.items()), np.int64).reshape(-1, 2)
+        if self._lockstep:
+            arrays.update(self._lockstep_arrays())
+        return arrays
+
+    def _lockstep_arrays(self) -> Dict[str, np.ndarray]:
+        """Lockstep actors' part of the acting state: the rounds' bookkeeping with each
+        actor's state after the last round taken (`Lockstep.snapshot`), the offset the
+        rounds count from and the largest lag so far (the metric goes on from it). Before
+        the actor pool starts: what a resume restored, if anything."""
+        pool = self.actor_pool
+        if pool is None:
+            return dict(self._lockstep_resume or {})
+        self._lags.update(pool.service.take_lags())   # counted so far, as the metrics count them
+        with pool.service._lock:  # pylint: disable=protected-access
+            arrays = pool.service.lockstep.snapshot()
+            arrays[LOCKSTEP_MAX_LAG] = np.array(pool.service.max_version_lag, np.int64)
+        # Returns of episodes taken but not logged yet (a stop while waiting for the actors).
+        self._recent_returns.extend(pool.service.take_returns())
+        arrays[LOCKSTEP_RETURNS] = np.array(self._recent_returns, np.float64)
+        arrays[LOCKSTEP_OFFSET] = np.array(self._insert_offset, np.int64)
+        arrays["lags"] = np.array(sorted(self._lags.items()), np.int64).reshape(-1, 2)
         return arrays
 
     def restore_acting(self, arrays: Dict[str, np.ndarray]) -> None:
@@ -663,6 +690,13 @@ class D4PGTask(ObservationNetworks, Task):
         self.replay.restore({k[len("replay/"):]: v for k, v in arrays.items() if k.startswith("replay/")})
         continued = self.actor.restore({k[len("actor/"):]: v for k, v in arrays.items() if k.startswith("actor/")})
         if self.num_actors:
+            if self._lockstep and LOCKSTEP_OFFSET in arrays:
+                self._lockstep_resume = {k: v for k, v in arrays.items() if k.startswith("lockstep/")}
+                self._lags = collections.Counter({int(lag): int(count) for lag, count in arrays["lags"]})
+                self._recent_returns = [float(r) for r in arrays[LOCKSTEP_RETURNS]]
+            elif self._lockstep and self.replay.inserted:
+                print("expframe: this checkpoint holds no lockstep acting state (written by free-running actors, or "
+                      "by an older expframe): the actors start afresh, so this resume is not exact", flush=True)
             return
         if "lags" in arrays:
             self._lags = collections.Counter({int(lag): int(count) for lag, count in arrays["lags"]})
@@ -717,20 +751,12 @@ def acting_parts(environment_seed: int):
 
 
 # 2: the episode in progress, the environment's state and the weight-lag counts (exact resume);
-# 1 (no `format` entry): the replay and the actor's counters and noise only.
+# 1 (no `format` entry): the replay and the actor's counters and noise only. Lockstep actor
+# runs add `lockstep/...` (expframe.rl.lockstep.Lockstep.snapshot, the offset and largest lag).
 ACTING_STATE_FORMAT = 2
-
-
-def npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
-    """`arrays` in numpy's .npz format (what `np.savez` writes, `np.load` reads; no pickle),
-    with every entry dated 1980-01-01: the same arrays give the same bytes, whenever written."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-        for name, value in arrays.items():
-            entry = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with archive.open(entry, "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
-    return buffer.getvalue()
+LOCKSTEP_OFFSET = "lockstep/insert_offset"
+LOCKSTEP_MAX_LAG = "lockstep/max_version_lag"
+LOCKSTEP_RETURNS = "lockstep/episode_returns"
 
 
 class _ActingState(tf.train.experimental.PythonState):
@@ -744,5 +770,4 @@ class _ActingState(tf.train.experimental.PythonState):
         return npz_bytes(self._task.acting_arrays())
 
     def deserialize(self, string_value) -> None:
-        with np.load(io.BytesIO(string_value), allow_pickle=False) as arrays:
-            self._task.restore_acting({k: arrays[k] for k in arrays.files})
+        self._task.restore_acting(npz_arrays(string_value))
