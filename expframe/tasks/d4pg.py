@@ -39,10 +39,13 @@ on from where the checkpoint was: with `run_experiment.deterministic = True` it 
 same numbers and ends with the same checkpoint as a run never stopped (the learner's
 and the actor's speeds aside; tests/test_d4pg_resume.py). No random stream restarts or
 is reseeded on resume. The evaluation environment needs nothing: it is reseeded from
-(seed, step) at each evaluation. Actor processes (`num_actors > 0`) take their seeds from
-`actor_seeds(seed, actor id, restart count, step)` (step: the learner step resumed from),
-so a restarted actor and the actors of a resumed learner act with new episodes and noise:
-their episodes in progress are not in the checkpoint.
+(seed, step) at each evaluation. Free-running actor processes (`num_actors > 0`) take
+their seeds from `actor_seeds(seed, actor id, restart count, step)` (step: the learner step
+resumed from), so a restarted actor and the actors of a resumed learner act with new
+episodes and noise: their episodes in progress are not in the checkpoint. Actors in
+lockstep (`run_experiment.deterministic = True`, `expframe.rl.lockstep`) send their state
+with each chunk; the checkpoint holds each one's state after the last round the learner
+took, and a resumed run continues as if it never stopped (tests/test_d4pg_lockstep.py).
 """
 
 import collections
