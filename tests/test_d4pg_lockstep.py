@@ -139,3 +139,33 @@ def test_a_lockstep_run_stopped_twice_and_killed_resumes_as_if_never_stopped(tmp
     assert tensors.keys() == reference_tensors.keys()
     for name, value in reference_tensors.items():
         np.testing.assert_array_equal(tensors[name], value, err_msg=f"{name} after stops {stops}")
+
+
+@pytest.mark.slow  # about 60 s on 2 cores: two runs side by side, one of them restarting its actor
+def test_a_lockstep_actor_killed_and_restarted_continues_as_if_it_never_died(tmp_path):
+    """Two runs started at once, 1 actor each; in one the actor process is SIGKILLed after
+    the learner's step 10: it is restarted from the state it sent with its last chunk, and
+    the run logs the numbers (the restart count aside) and ends with the tensors of the
+    run whose actor never died."""
+    params = STATES + ("D4PGTask.num_actors = 1",)
+    reference = _Run(STATES_GIN, params, tmp_path / "reference", tmp_path)
+    run = _Run(STATES_GIN, params, tmp_path / "restarted", tmp_path)
+    try:
+        run.wait_for_step(10)
+        pids = [int(m[1]) for m in map(re.compile(r"actor 0 \(pid (\d+)\) ready after").search, run.lines) if m]
+        os.kill(pids[0], signal.SIGKILL)
+        assert run.finish() == 0, run.output()[-3000:]
+        assert reference.finish() == 0, reference.output()[-3000:]
+    finally:
+        for started in (reference, run):
+            if started.proc.poll() is None:
+                started.proc.kill()
+    assert "continues from the state sent with its last chunk" in run.output(), run.output()[-3000:]
+    records = _records(tmp_path / "restarted")
+    assert records[-2]["actor_restarts"] == 1
+    for record in records + (expected := _records(tmp_path / "reference")):
+        record.pop("actor_restarts", None)
+    assert records == expected
+    tensors, reference_tensors = _tensors(tmp_path / "restarted"), _tensors(tmp_path / "reference")
+    for name, value in reference_tensors.items():
+        np.testing.assert_array_equal(tensors[name], value, err_msg=name)
