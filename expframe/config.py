@@ -24,11 +24,18 @@ from expframe.gin_errors import IMPORT_STATEMENT, explain
 
 _KERAS_OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Lion")
 _KERAS_SCHEDULES = ("PiecewiseConstantDecay", "CosineDecay", "ExponentialDecay", "PolynomialDecay")
+# For compile() in gin (KerasModelTask): `@keras.losses.SparseCategoricalCrossentropy()`; a
+# metric named like a loss is told apart by its module (`@keras.metrics.MeanSquaredError()`).
+_KERAS_LOSSES = ("SparseCategoricalCrossentropy", "CategoricalCrossentropy", "BinaryCrossentropy",
+                 "MeanSquaredError", "MeanAbsoluteError", "Huber")
+_KERAS_METRICS = ("SparseCategoricalAccuracy", "CategoricalAccuracy", "BinaryAccuracy",
+                  "SparseTopKCategoricalAccuracy", "TopKCategoricalAccuracy", "AUC", "Precision", "Recall",
+                  "MeanSquaredError", "MeanAbsoluteError", "SparseCategoricalCrossentropy")
 _registered = False
 
 
 def register_symbols() -> None:
-    """Registers Keras optimizers, schedules and layers with gin (idempotent)."""
+    """Registers Keras optimizers, schedules, losses, metrics and layers with gin (idempotent)."""
     global _registered
     if _registered:
         return
@@ -38,6 +45,9 @@ def register_symbols() -> None:
     for name in _KERAS_SCHEDULES:
         gin.external_configurable(getattr(keras.optimizers.schedules, name), name=name,
                                   module="keras.optimizers.schedules")
+    for module, names in (("losses", _KERAS_LOSSES), ("metrics", _KERAS_METRICS)):
+        for name in names:
+            gin.external_configurable(getattr(getattr(keras, module), name), name=name, module=f"keras.{module}")
     gin.external_configurable(keras.layers.BatchNormalization, name="BatchNormalization", module="keras.layers")
     # A Keras layer class cannot be decorated in place (Keras reads __init__'s
     # argument names, which gin's wrapper hides): register it from outside.
