@@ -36,6 +36,12 @@ What it fixes (TF 2.21 / Keras 3.15, MirroredStrategy, custom loops):
     refusal is a ConfigError naming the calling step function and the fix (main.py:
     one line, exit 2; the trainer traces the step before it writes anything). As
     PyTorch's GradScaler.step() refuses an optimizer whose gradients it did not scale.
+  * The porting traps cannot pass silently either (`loss_provenance.py`): while the step
+    is traced, `apply_gradients` refuses a loss already divided across replicas
+    (`tf.nn.compute_average_loss`, a read of `num_replicas_in_sync`, a Keras loss object
+    that divides by the replicas) unless `allow_divided_loss`, and a variable's
+    regularisation loss (`model.losses`) that the step never read unless
+    `allow_unread_model_losses`.
   * It overrides Keras' private `_all_reduce_sum_gradients`; importing this module
     checks that Keras still has and calls it (expframe/replicator/keras_hooks.py).
 """
@@ -49,7 +55,7 @@ import keras
 import tensorflow as tf
 
 from expframe.errors import ConfigError
-from expframe.replicator import collectives, keras_hooks
+from expframe.replicator import collectives, keras_hooks, loss_provenance
 from expframe.replicator.scale_provenance import ScaleProvenance
 
 
@@ -107,7 +113,8 @@ class ReplicatedOptimizer(tf.Module):
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, accumulate_steps: int = 1,
                  clip_global_norm: Optional[float] = None,
-                 loss_scale: Union[None, float, str] = None, growth_interval: int = 2000):
+                 loss_scale: Union[None, float, str] = None, growth_interval: int = 2000,
+                 allow_divided_loss: bool = False, allow_unread_model_losses: bool = False):
         super().__init__(name="replicated_optimizer")
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise ConfigError(f"wrap_optimizer needs a Keras optimizer, got {type(optimizer).__name__}.")
@@ -118,6 +125,10 @@ class ReplicatedOptimizer(tf.Module):
         if loss_scale is not None and loss_scale != "dynamic" and not (
                 isinstance(loss_scale, (int, float)) and loss_scale > 0):
             raise ConfigError(f"wrap_optimizer loss_scale={loss_scale!r}: use None, a positive number or 'dynamic'.")
+        for name, value in (("allow_divided_loss", allow_divided_loss),
+                            ("allow_unread_model_losses", allow_unread_model_losses)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"wrap_optimizer.{name}={value!r} must be True or False.")
         from_policy = loss_scale is None and keras.mixed_precision.global_policy().name == "mixed_float16"
         if from_policy:
             loss_scale = "dynamic"  # float16 gradients underflow without it.
@@ -142,6 +153,7 @@ class ReplicatedOptimizer(tf.Module):
         self.clip_global_norm = clip_global_norm
         self.dynamic = loss_scale == "dynamic"
         self.growth_interval = growth_interval
+        self.allow_divided_loss, self.allow_unread_model_losses = allow_divided_loss, allow_unread_model_losses
         object.__setattr__(self, "_strategy", strategy)
         # We aggregate; Keras must not sum again.
         optimizer._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars
@@ -260,7 +272,9 @@ class ReplicatedOptimizer(tf.Module):
 
         Raises:
           ConfigError: loss scaling is on and a gradient does not come from
-            `scale_loss` or `minimize` (checked while the step is traced).
+            `scale_loss` or `minimize`; the loss was divided across replicas; a
+            regularisation loss of the variables was never read (checked while the
+            step is traced).
         """
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if not pairs:
@@ -273,6 +287,7 @@ class ReplicatedOptimizer(tf.Module):
             raise ValueError(
                 f"apply_gradients got {len(variables)} variables but the optimizer was built for "
                 f"{len(self._vars)}; use one wrapped optimizer per set of variables.")
+        loss_provenance.check(variables, _calling_step, self.allow_divided_loss, self.allow_unread_model_losses)
         if self.loss_scale is not None:
             self._require_scaled(grads, variables)
             grads = [g / tf.cast(self.loss_scale, g.dtype) for g in grads]
@@ -384,7 +399,8 @@ def _run_noop(for_each_replica, fn):
 @gin.configurable
 def wrap_optimizer(optimizer: keras.optimizers.Optimizer, accumulate_steps: int = 1,
                    clip_global_norm: Optional[float] = None,
-                   loss_scale: Union[None, float, str] = None) -> ReplicatedOptimizer:
+                   loss_scale: Union[None, float, str] = None, allow_divided_loss: bool = False,
+                   allow_unread_model_losses: bool = False) -> ReplicatedOptimizer:
     """Wraps a Keras optimizer for replicated training (see module docstring).
 
     Call inside `Replicator.scope()`, then use `apply_gradients` in the step function
@@ -396,8 +412,15 @@ def wrap_optimizer(optimizer: keras.optimizers.Optimizer, accumulate_steps: int 
       clip_global_norm: clip the replica-averaged gradient to this global norm.
       loss_scale: None, a fixed scale, or "dynamic". None becomes "dynamic" under the
         Keras policy "mixed_float16".
+      allow_divided_loss: accept a step whose loss was divided across replicas
+        (`tf.nn.compute_average_loss`, a read of `num_replicas_in_sync`, a Keras loss
+        object with reduction 'sum_over_batch_size'), refused by default.
+      allow_unread_model_losses: accept a step that never reads `model.losses` of the
+        variables it updates (their regularizers then go untrained), refused by default.
 
     Returns:
       A `ReplicatedOptimizer`, checkpointable (slots, accumulators, loss scale).
     """
-    return ReplicatedOptimizer(optimizer, accumulate_steps, clip_global_norm, loss_scale)
+    return ReplicatedOptimizer(optimizer, accumulate_steps, clip_global_norm, loss_scale,
+                               allow_divided_loss=allow_divided_loss,
+                               allow_unread_model_losses=allow_unread_model_losses)

@@ -51,6 +51,7 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
 
 from typing import Any, Dict, Optional
 
+import keras
 import tensorflow as tf
 
 from expframe.errors import ConfigError
@@ -156,3 +157,18 @@ def contract_error(task: Task, error: Exception) -> Exception:
     TensorFlow re-raised as another type), else `error` itself."""
     found = getattr(task, "contract_error", None)
     return found if isinstance(found, ConfigError) else error
+
+
+def model_losses(*models: Optional[keras.Layer]) -> Optional[tf.Tensor]:
+    """The sum of the models' `losses` (Keras regularisation: `kernel_regularizer=...`,
+    `add_loss`) as float32, or None when they have none (None models are skipped). Read it inside the tape, after
+    the forward pass (activity losses are the last call's).
+
+    Added whole to each replica's loss: every replica holds the same weights, so the
+    term and its gradient are the same on each, and `wrap_optimizer`'s mean over
+    replicas counts it once per step, as one device would. (TensorFlow's tutorial
+    divides it by the replicas, `tf.nn.scale_regularization_loss`, because there Keras
+    sums the gradients; expframe refuses that division.)"""
+    losses = [tf.cast(loss, tf.float32) for model in models if model is not None
+              for loss in getattr(model, "losses", ())]
+    return tf.add_n(losses) if losses else None

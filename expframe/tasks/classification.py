@@ -1,4 +1,5 @@
-"""Generic image classification: softmax cross-entropy, label smoothing, weight decay, top-k."""
+"""Generic image classification: softmax cross-entropy, label smoothing, weight decay, the
+model's regularisation losses, top-k."""
 
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -8,7 +9,7 @@ import tensorflow as tf
 
 import expframe as xf
 from expframe import schedules
-from expframe.tasks.base import Task
+from expframe.tasks.base import Task, model_losses
 
 
 def class_outputs(logits: tf.Tensor) -> Dict[str, tf.Tensor]:
@@ -44,6 +45,10 @@ class ClassificationTask(Task):
         inside the replicator's scope and wrapped with `wrap_optimizer`.
       label_smoothing: in [0, 1).
       weight_decay: L2 coefficient on kernels (rank >= 2); not on biases or norms.
+        The model's own `losses` (e.g. `kernel_regularizer=...`) are added as well,
+        whether or not this is set; the train metrics show each term: `cross_entropy`,
+        `reg_loss` (the model's losses, when it has some), `weight_decay_loss` (when
+        this is set), and `loss`, their sum.
       train_split, eval_split: dataset splits.
     """
 
@@ -113,13 +118,19 @@ class ClassificationTask(Task):
         with tf.GradientTape() as tape:
             logits = tf.cast(self.model(images, training=True), tf.float32)
             cross_entropy = tf.reduce_mean(self._cross_entropy(labels, logits))
-            loss = cross_entropy
+            terms = {"cross_entropy": cross_entropy}
+            # The model's own regularisation losses (kernel_regularizer=..., add_loss), and
+            # the task's weight decay: each a separate term of the loss and of the metrics.
+            reg_loss = model_losses(self.model)
+            if reg_loss is not None:
+                terms["reg_loss"] = reg_loss
             if self.weight_decay:
-                loss += self.weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in self._decayed])
+                terms["weight_decay_loss"] = self.weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in self._decayed])
+            loss = tf.add_n(list(terms.values()))
         # Scales the loss under loss scaling (mixed_float16), unscales, averages, applies.
         self.optimizer.minimize(loss, self.model.trainable_variables, tape)
         correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), tf.cast(labels, tf.int32)), tf.float32)
-        return {"loss": loss, "cross_entropy": cross_entropy, "accuracy": tf.reduce_mean(correct)}
+        return {"loss": loss, **terms, "accuracy": tf.reduce_mean(correct)}
 
     def eval_step(self, batch) -> Dict[str, tf.Tensor]:
         images, labels = batch["image"], tf.cast(batch["label"], tf.int32)

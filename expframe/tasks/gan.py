@@ -62,7 +62,7 @@ from expframe.metrics.pipeline import ReplicatedFeatures, sample_scores
 from expframe.metrics.scores import statistics
 from expframe.schedules import updates_per_step
 from expframe.tasks import gan_inputs, gan_standing
-from expframe.tasks.base import Task
+from expframe.tasks.base import Task, model_losses
 
 LOSSES = ("hinge", "non_saturating")
 
@@ -104,7 +104,9 @@ class GANTask(Task):
       generator: `fn(image_size, num_classes) -> keras.Model` [z, labels] -> images in
         [-1, 1] (e.g. `@sngan_generator`).
       discriminator: `fn(image_size, num_classes) -> keras.Model` [images, labels] ->
-        scores [B] (e.g. `@sngan_discriminator`).
+        scores [B] (e.g. `@sngan_discriminator`). Each network's regularisation losses
+        (`model.losses`, e.g. `kernel_regularizer=...`) are added to its own loss, and
+        logged as `d_reg_loss` and `g_reg_loss` when it has some.
       dataset: the dataset contract of `ClassificationTask.dataset`, images in [-1, 1]
         (e.g. `@shapes_input` with `shapes_input.standardize = False`, `@gan_imagenet_input`).
       image_size: side of the images.
@@ -266,16 +268,20 @@ class GANTask(Task):
                              tf.float32)
             d_real, d_fake = tf.split(scores, 2)
             loss = discriminator_loss(self.loss, d_real, d_fake)
-        self.discriminator_optimizer.minimize(loss, self.discriminator.trainable_variables, tape)
-        return loss, tf.reduce_mean(d_real), tf.reduce_mean(d_fake)
+            reg_loss = model_losses(self.discriminator)  # its kernel_regularizer=... terms, if any
+            total = loss if reg_loss is None else loss + reg_loss
+        self.discriminator_optimizer.minimize(total, self.discriminator.trainable_variables, tape)
+        return loss, reg_loss, tf.reduce_mean(d_real), tf.reduce_mean(d_fake)
 
     def _generator_step(self, z, labels):
         with tf.GradientTape() as tape:
             fake = self.generator([z, labels], training=True)
             scores = tf.cast(self.discriminator([fake, labels], training=False), tf.float32)
             loss = generator_loss(self.loss, scores)
-        self.generator_optimizer.minimize(loss, self.generator.trainable_variables, tape)
-        return loss
+            reg_loss = model_losses(self.generator)
+            total = loss if reg_loss is None else loss + reg_loss
+        self.generator_optimizer.minimize(total, self.generator.trainable_variables, tape)
+        return loss, reg_loss
 
     def _update_ema(self):
         # After the first update `iterations` >= 1; average from ema_start_step updates on.
@@ -294,18 +300,26 @@ class GANTask(Task):
         d = self.disc_steps
         sub = {k: tf.reshape(batch[k], [d, -1] + batch[k].shape.as_list()[1:])
                for k in ("image", "label", "fake_z", "fake_label")}  # [d * b, ...] -> [d, b, ...]
-        d_losses, d_reals, d_fakes = [], [], []
+        d_losses, d_regs, d_reals, d_fakes = [], [], [], []
         for j in range(d):  # unrolled: each update syncs replicas
-            loss, d_real, d_fake = self._discriminator_step(sub["image"][j], sub["label"][j],
-                                                            sub["fake_z"][j], sub["fake_label"][j])
-            d_losses.append(loss), d_reals.append(d_real), d_fakes.append(d_fake)
-        g_loss = self._generator_step(batch["gen_z"], batch["gen_label"])
+            loss, d_reg, d_real, d_fake = self._discriminator_step(sub["image"][j], sub["label"][j],
+                                                                   sub["fake_z"][j], sub["fake_label"][j])
+            d_losses.append(loss), d_regs.append(d_reg), d_reals.append(d_real), d_fakes.append(d_fake)
+        g_loss, g_reg = self._generator_step(batch["gen_z"], batch["gen_label"])
         if self.generator_ema is not None:
             self._update_ema()
         d_loss = tf.add_n(d_losses) / self.disc_steps
-        # "loss" (logged, NaN-guarded) is the sum of both players' losses.
-        return {"loss": d_loss + g_loss, "d_loss": d_loss, "g_loss": g_loss,
-                "d_real": tf.add_n(d_reals) / self.disc_steps, "d_fake": tf.add_n(d_fakes) / self.disc_steps}
+        # "loss" (logged, NaN-guarded) is the sum of both players' losses, their models'
+        # regularisation losses (`model.losses`) included, which are also shown apart.
+        out = {"loss": d_loss + g_loss, "d_loss": d_loss, "g_loss": g_loss,
+               "d_real": tf.add_n(d_reals) / self.disc_steps, "d_fake": tf.add_n(d_fakes) / self.disc_steps}
+        if d_regs[0] is not None:
+            out["d_reg_loss"] = tf.add_n(d_regs) / self.disc_steps
+            out["loss"] += out["d_reg_loss"]
+        if g_reg is not None:
+            out["g_reg_loss"] = g_reg
+            out["loss"] += g_reg
+        return out
 
     # -- evaluation ----------------------------------------------------------------------
 
