@@ -2,13 +2,16 @@
 
     python -m expframe.plan --gin_file=experiments/resnet50_imagenet_tpu.gin --hardware=v3 --devices=8,32,256
     python -m expframe.plan --gin_file=quickstart --hardware=cpu --devices=1,2,4,8 --out=plan.json
+    python -m expframe.plan.anchors      # the device model against published ResNet-50 measurements
 
 The experiment is built from its gin files on this CPU (one replica, float32, nothing
 trained) and its train step traced: FLOPs, parameter, gradient, slot and activation
 bytes are measured (expframe/plan/measure.py). The device comes from the catalogue
 (expframe/plan/hardware.json, each value with its published source) or, for `cpu`, is
-measured here. The model (expframe/plan/model.py): step = compute + gradient all-reduce
-+ input + host, no overlap. Prints one table, writes JSON with --out.
+measured here. The model (expframe/plan/model.py): step = compute + HBM traffic + the
+step's collectives (every update's all-reduce, every SyncBatchNorm gather) + input +
+host, no overlap; the device model's parameters are fitted to published measurements
+(expframe/plan/anchors.py). Prints one table, writes JSON with --out.
 
 Exit status: 0 with the table (also when a configuration does not fit in memory: the
 table names the shortfall); 2 for bad input (one line on stderr).
@@ -33,11 +36,13 @@ def _parser() -> argparse.ArgumentParser:
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--gin_file", action="append", required=True, help="the experiment (repeatable)")
     p.add_argument("--gin_param", action="append", default=[], help="a gin binding (repeatable)")
-    p.add_argument("--hardware", required=True, help="a catalogue device (v2, v3, v4, v5e, v5p, p100, v100, a100, "
-                   "h100, h200) or cpu (this machine, measured)")
+    p.add_argument("--hardware", required=True, help="a catalogue device (v2, v3, v4, v5e, v5p, p100, v100 (16 GB), "
+                   "v100_32gb, a100 (80 GB), a100_40gb, h100, h200) or cpu (this machine, measured); rows count chips "
+                   "or GPUs, a TPU v2/v3 chip being 2 replicas")
     p.add_argument("--devices", required=True, help="comma-separated device counts, e.g. 8,32,256")
     p.add_argument("--global_batch_size", type=int, help="examples per step (default: the experiment's)")
-    p.add_argument("--utilisation", type=float, help="achieved / peak FLOP/s (default: the catalogue's, cited)")
+    p.add_argument("--utilisation", type=float, help="achieved / peak FLOP/s of the compute roof (default: fitted "
+                   "per math unit to published measurements, expframe/plan/anchors.json; cpu: 1.0 of the probe)")
     p.add_argument("--precision", choices=PRECISIONS, help="Keras policy (default: the experiment's; 'auto' "
                    "-> bfloat16 on TPU, 16-bit on GPU, float32 on CPU)")
     p.add_argument("--devices_per_host", type=int, help="devices sharing a host and its network (default: catalogue)")
@@ -50,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--actor_steps_per_s", type=float, help="D4PG: one actor's environment steps/s (default: measured)")
     p.add_argument("--cpu_flops", type=float, help="cpu only: this machine's FLOP/s (default: measured by the probe)")
     p.add_argument("--out", help="write the plan as JSON here")
+    p.add_argument("--markdown", action="store_true", help="print the table in Markdown (as the docs hold it)")
     return p
 
 
@@ -122,7 +128,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ConfigError as e:
         print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 2
-    print(table.format_table(plan["rows"]))
+    print(table.format_markdown(plan["rows"]) if args.markdown else table.format_table(plan["rows"]))
     print("\n".join(table.notes(plan)))
     if args.out:
         table.write_json(plan, args.out)

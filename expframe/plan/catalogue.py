@@ -2,13 +2,20 @@
 machine" (`cpu`) measured by the replicator's probes.
 
 A `Hardware` is one device type: its peak FLOP/s per precision, memory and memory
-bandwidth, how devices are wired (a ring inside a host, a TPU torus) and the links
-inside and between hosts. Every published value names its source in hardware.json
-(`sources`); `cpu` is measured here, so its numbers describe the machine the planner
-runs on, at the load it has now.
+bandwidth, how devices are wired (a ring inside a host, a TPU torus, the largest TPU
+slice) and the links inside and between hosts, and the device model's efficiency
+parameters (fitted to published ResNet-50 measurements: expframe/plan/anchors.py).
+Every published value names its source in hardware.json (`sources`, or 'assumed');
+`cpu` is measured here, so its numbers describe the machine the planner runs on, at
+the load it has now.
+
+Precision: a Keras policy runs at the peak TensorFlow reaches with it. float32 on a
+GPU with a TF32 peak (Ampere and later) is TF32 (TensorFlow's default since 2.4); on a
+TPU, float32 matmuls run in bf16 passes (XLA's default precision there).
 """
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -19,8 +26,10 @@ from expframe import provenance
 from expframe.errors import ConfigError
 
 _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hardware.json")
-# A Keras precision policy -> the key of the peak it computes at.
+# A Keras precision policy -> the key of the peak it computes at (before TF32, below).
 PRECISION_KEYS = {"float32": "fp32", "mixed_bfloat16": "bf16", "mixed_float16": "fp16"}
+# Math unit of a peak key on a GPU -> the efficiency parameter it uses (hardware.json 'efficiency').
+_GPU_EFFICIENCY = {"fp32": "gpu_fp32", "tf32": "gpu_tf32", "bf16": "gpu_16bit", "fp16": "gpu_16bit"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,11 +51,19 @@ class Hardware:
       topology: 'ring' (NCCL / host memory), 'torus2d' or 'torus3d' (TPU ICI).
       devices_per_host: devices that share a host (and its network interface).
       peak_flops: peak FLOP/s per precision key ('fp32', 'tf32', 'bf16', 'fp16').
-      memory_bytes, memory_bandwidth: one device's memory and its bandwidth (bytes/s).
+      memory_bytes, memory_bandwidth: one device's memory and its bandwidth (bytes/s); for
+        a TPU chip of several cores, the chip's (each core, a replica, has its share).
       intra_host, inter_host: the links a collective uses inside a host and between hosts.
-      multi_slice: for TPUs, the data-centre network between slices (beyond pod_devices).
+      multi_slice: for TPUs, the data-centre network between slices (beyond max_slice_devices).
       pod_devices: the most devices on one interconnect (a TPU pod); None: unbounded.
-      utilisation: default achieved / peak FLOP/s; its source in `sources['utilisation']`.
+      max_slice_devices: the most chips one TPU slice (one torus a job gets) holds.
+      cores_per_chip: replicas per device: 2 TensorCores per TPU v2/v3 chip, each a
+        TPUStrategy replica; 1 elsewhere (v4/v5p run their two cores as one megacore).
+      utilisation: stated achieved / peak FLOP/s of the whole step (this machine, calibrated);
+        None for a published device, whose compute efficiency comes from `efficiency`.
+      efficiency: the device model's parameters (hardware.json 'efficiency': compute
+        efficiency per math unit, activation traffic per kind, the fill batch).
+      efficiency_keys: a device's own efficiency parameter per peak key (P100: 'gpu_fp32_pascal').
       overlap: whether gradient communication overlaps compute on this target.
       shared_compute: True when every replica shares one pool of compute (logical CPU
         replicas): the step's compute time is then that of the whole global batch.
@@ -66,7 +83,7 @@ class Hardware:
     memory_bandwidth: float
     intra_host: Link
     inter_host: Link
-    utilisation: float
+    utilisation: Optional[float]
     overlap: bool
     sources: Dict[str, str]
     multi_slice: Optional[Link] = None
@@ -75,31 +92,81 @@ class Hardware:
     per_op_s: float = 0.0
     sync_layer_s: Optional[Dict[int, float]] = None
     cores: int = 1
+    cores_per_chip: int = 1
+    max_slice_devices: Optional[int] = None
+    efficiency: Dict[str, float] = dataclasses.field(default_factory=dict)
+    efficiency_keys: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def peak_key(self, precision: str) -> str:
+        """The peak a Keras precision policy computes at: its key, TF32 for float32 where the
+        GPU has it (TensorFlow's default), bf16 on a TPU (XLA's default precision runs
+        float32 matmuls in bf16 passes), fp32 where the device has no peak for it."""
+        key = PRECISION_KEYS.get(precision, "fp32")
+        if self.kind == "tpu":
+            return key if key in self.peak_flops else "bf16"
+        if key == "fp32" and "tf32" in self.peak_flops:
+            return "tf32"
+        return key if key in self.peak_flops else "fp32"
 
     def peak(self, precision: str) -> float:
-        """Peak FLOP/s at a Keras precision policy; a TPU runs float32 matmuls at its bf16 rate
-        (XLA's default precision on TPU), a device without a peak for the precision falls back
-        to fp32 (and says so in `peak_note`)."""
-        key = PRECISION_KEYS.get(precision, "fp32")
-        if key in self.peak_flops:
-            return self.peak_flops[key]
-        if self.kind == "tpu":
-            return self.peak_flops["bf16"]
-        return self.peak_flops.get("fp32") or max(self.peak_flops.values())
+        """Peak FLOP/s of one device (chip) at a Keras precision policy (`peak_key`)."""
+        key = self.peak_key(precision)
+        return self.peak_flops.get(key) or self.peak_flops.get("fp32") or max(self.peak_flops.values())
 
     def peak_note(self, precision: str) -> str:
         """How `peak(precision)` was chosen, for the table's header."""
-        key = PRECISION_KEYS.get(precision, "fp32")
-        if key in self.peak_flops:
-            return f"{key} peak {self.peak_flops[key] / 1e12:.3g} TFLOP/s"
+        wanted, key = PRECISION_KEYS.get(precision, "fp32"), self.peak_key(precision)
+        value = f"{key} peak {self.peak(precision) / 1e12:.4g} TFLOP/s"
+        if key == wanted:
+            return value
+        if key == "tf32":
+            return f"{value} (float32 runs in TF32: TensorFlow's default on Ampere and later GPUs)"
         if self.kind == "tpu":
-            return f"no {key} peak on TPU: XLA runs float32 matmuls in bf16 passes; bf16 peak used"
-        return f"no {key} peak; fp32 peak used"
+            return f"{value} (no {wanted} peak on TPU: XLA runs float32 matmuls in bf16 passes)"
+        return f"{value} (no {wanted} peak on this device)"
+
+    def efficiency_key(self, precision: str) -> str:
+        """The efficiency parameter of the math unit `precision` runs on."""
+        key = self.peak_key(precision)
+        if key in self.efficiency_keys:
+            return self.efficiency_keys[key]
+        return "tpu" if self.kind == "tpu" else _GPU_EFFICIENCY.get(key, "gpu_fp32")
+
+    def compute_efficiency(self, precision: str) -> float:
+        """Achieved over peak FLOP/s of the compute roof (the step's convolutions and
+        matmuls) at `precision`: fitted per math unit; this machine's stated utilisation."""
+        if self.utilisation is not None:
+            return self.utilisation
+        return self.efficiency[self.efficiency_key(precision)]
+
+    @property
+    def traffic(self) -> float:
+        """Bytes moved to and from memory per byte of saved activation (fitted per kind; 0
+        on this CPU, whose measured utilisation covers the whole step)."""
+        return self.efficiency.get(f"traffic_{self.kind}", 0.0)
+
+    @property
+    def fill_batch(self) -> float:
+        """Per-replica batch at which the compute roof runs at half its efficiency (stated)."""
+        return self.efficiency.get(f"fill_batch_{self.kind}", 0.0)
+
+    @property
+    def replica_memory_bytes(self) -> float:
+        """Memory of one replica: the device's, or a TPU core's share of its chip's."""
+        return self.memory_bytes / max(1, self.cores_per_chip)
 
 
+@functools.lru_cache(maxsize=None)
 def _load() -> dict:
+    """hardware.json, read once (callers do not modify it)."""
     with open(_DATA, encoding="utf-8") as f:
         return json.load(f)
+
+
+def efficiency_parameters(data: Optional[dict] = None) -> Dict[str, float]:
+    """The device model's parameters: hardware.json's fitted and stated 'efficiency' values."""
+    block = (data or _load())["efficiency"]
+    return {k: float(v) for part in ("fitted", "stated") for k, v in block[part].items()}
 
 
 def names() -> List[str]:
@@ -124,8 +191,10 @@ def published(name: str) -> Hardware:
                 memory_bytes=float(entry["memory_bytes"]), memory_bandwidth=float(entry["memory_bandwidth"]),
                 intra_host=_link(entry["intra_host"]), inter_host=_link(entry["inter_host"]),
                 multi_slice=_link(entry["multi_slice"]) if "multi_slice" in entry else None,
-                pod_devices=entry.get("pod_devices"), utilisation=float(entry["utilisation"]),
-                overlap=bool(entry["overlap"]), sources=sources, per_op_s=float(entry.get("per_op_us", 0.0)) * 1e-6)
+                pod_devices=entry.get("pod_devices"), utilisation=None,
+                overlap=bool(entry["overlap"]), sources=sources, per_op_s=float(entry.get("per_op_us", 0.0)) * 1e-6,
+                cores_per_chip=int(entry.get("cores_per_chip", 1)), max_slice_devices=entry.get("max_slice_devices"),
+                efficiency=efficiency_parameters(data), efficiency_keys=dict(entry.get("efficiency_keys", {})))
     raise ConfigError(f"--hardware={name!r} is not in the catalogue (expframe/plan/hardware.json); use one of "
                       f"{', '.join(names())}.")
 

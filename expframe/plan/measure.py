@@ -9,8 +9,18 @@ batches; its train step is traced through `Replicator.run` (nothing is executed)
   output elements x kernel volume x input channels for a convolution and both of its
   gradients, one per element for element-wise ops. XLA's cost analysis is not exposed
   by TF 2.21's Python API on CPU, so the profiler it is.
-* activation bytes: the forward tensors the backward pass reads (outputs of ops outside
-  `gradient_tape/` consumed by ops inside it), at float32;
+* activation bytes: the forward tensors the backward pass reads (outputs of forward ops
+  consumed by backward ops: those under `gradient_tape/` and everything computed from
+  them, such as the gradient sums TensorFlow names `AddN` at the top level), at float32;
+  for ResNet-50 this is the per-layer sum of the tensors its layers save (84 MB per
+  224-px image, tests/plan/test_measure.py);
+* collectives: what the step all-reduces through `expframe.replicator.collectives`
+  (every optimizer update's gradients: a GAN's `disc_steps` discriminator updates and
+  its generator update) and every training-mode `SyncBatchNorm` call (its channels, and
+  whether the step differentiates through it, which adds the gather's backward), both
+  recorded while the step is traced;
+* kernels under XLA: convolutions, matmuls and their gradients, each with a fusion
+  around it, and one fused update per trained variable (what a compiled step launches);
 * parameter, gradient and slot bytes: the model's variables, the trainable ones (what
   is all-reduced), and the optimizers' own variables.
 
@@ -18,6 +28,7 @@ FLOPs and activations are fitted as a + b x batch from the two traces. This modu
 imports TensorFlow; the planner's CLI imports it only after the flags were checked.
 """
 
+import contextlib
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -63,6 +74,7 @@ def _settings(gin_files: Sequence[str], text: str) -> Dict:
     return {
         "target": _query("Replicator.target", "cpu"), "num_replicas": _query("Replicator.num_replicas"),
         "mesh_shape": _query("Replicator.mesh_shape"), "precision": _query("run_experiment.precision", "float32"),
+        "jit_compile": _query("Replicator.jit_compile", "auto"),
         "global_batch_size": _query("Trainer.global_batch_size"), "train_steps": _query("Trainer.train_steps"),
         "steps_per_loop": _query("Trainer.steps_per_loop", 100),
         "samples_per_insert": _query("D4PGTask.samples_per_insert"), "num_actors": _query("D4PGTask.num_actors", 0),
@@ -119,6 +131,52 @@ def _graph(replicator, task) -> tf.Graph:
     return step.get_concrete_function(spec).graph
 
 
+def _nbytes(structure) -> float:
+    return float(sum(t.shape.num_elements() * t.dtype.size for t in tf.nest.flatten(structure)
+                     if isinstance(t, (tf.Tensor, tf.Variable)) and t.shape.is_fully_defined()))
+
+
+@contextlib.contextmanager
+def recording_collectives():
+    """While tracing: every `collectives.all_reduce` call ({'bytes', 'op'}) and every
+    training-mode `SyncBatchNorm` call ({'channels', 'scope'}), in the order the step makes
+    them. On one replica neither communicates, but the calls are the step's own: the
+    optimizer's all-reduce of each update's gradients, each batch norm's gather."""
+    from expframe.layers.sync_batch_norm import SyncBatchNorm  # pylint: disable=import-outside-toplevel
+    from expframe.replicator import collectives  # pylint: disable=import-outside-toplevel
+    record = {"all_reduce": [], "sync_bn": []}
+    all_reduce, call = collectives.all_reduce, SyncBatchNorm.call
+
+    def recorded_all_reduce(x, op="sum"):
+        record["all_reduce"].append({"bytes": _nbytes([tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]),
+                                     "op": op})
+        return all_reduce(x, op)
+
+    def recorded_call(layer, inputs, training=None, mask=None):
+        if training and layer.trainable:
+            axis = layer.axis if isinstance(layer.axis, int) else layer.axis[-1]
+            record["sync_bn"].append({"channels": int(inputs.shape[axis]), "scope": tf.get_current_name_scope()})
+        return call(layer, inputs, training=training, mask=mask)
+
+    collectives.all_reduce, SyncBatchNorm.call = recorded_all_reduce, recorded_call
+    try:
+        yield record
+    finally:
+        collectives.all_reduce, SyncBatchNorm.call = all_reduce, call
+
+
+def sync_bn_calls(graph: tf.Graph, calls: List[Dict]) -> List[Tuple[int, bool]]:
+    """(channels, backward) per recorded SyncBatchNorm call: backward when the step
+    differentiates through the call (an op of its scope under `gradient_tape/`), which
+    adds the gather's gradient, an all-reduce of the gathered table."""
+    names = [op.name for op in graph.get_operations() if _BACKWARD.search(op.name)]
+    out = []
+    for c in calls:
+        prefix = f"gradient_tape/{c['scope']}/" if c["scope"] else None
+        out.append((c["channels"], bool(prefix) and any(prefix in name for name in names)))
+    return out
+
+
 def graph_flops(graph: tf.Graph) -> float:
     """FLOPs of every op in `graph` with registered FLOP statistics (tf.compat.v1.profiler)."""
     options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
@@ -127,6 +185,9 @@ def graph_flops(graph: tf.Graph) -> float:
 
 
 _NOT_RUN = ("Const", "NoOp", "Placeholder", "VarHandleOp", "Identity", "Shape")
+# Ops XLA lowers to a library call of their own (cuDNN, cuBLAS) or a kernel of their own.
+_HEAVY = re.compile(r"^(Conv\dD|Conv\dDBackprop\w+|DepthwiseConv2dNative\w*|MatMul|BatchMatMul\w*|"
+                    r"FusedBatchNorm\w*|Einsum)$")
 
 
 def graph_ops(graph: tf.Graph) -> int:
@@ -135,21 +196,57 @@ def graph_ops(graph: tf.Graph) -> int:
     return sum(1 for op in graph.get_operations() if op.type not in _NOT_RUN)
 
 
+def compiled_kernels(graph: tf.Graph, trained_variables: int) -> int:
+    """Kernels a step compiled by XLA launches, estimated: each convolution, matmul and
+    their gradients (a library call) with one fusion of the element-wise work around it,
+    and one fused update per trained variable."""
+    heavy = sum(1 for op in graph.get_operations() if _HEAVY.match(op.type))
+    return 2 * heavy + trained_variables
+
+
 _BACKWARD = re.compile(r"(^|/)gradient_tape/")
 
 
+def backward_ops(graph: tf.Graph) -> set:
+    """Names of the backward pass's ops: those under `gradient_tape/` and every op computed
+    from them (TensorFlow names some gradient sums `AddN_k` at the top level; the optimizer's
+    updates follow too)."""
+    seen = {op.name for op in graph.get_operations() if _BACKWARD.search(op.name)}
+    todo = [graph.get_operation_by_name(name) for name in seen]
+    while todo:
+        op = todo.pop()
+        for tensor in op.outputs:
+            for consumer in tensor.consumers():
+                if consumer.name not in seen:
+                    seen.add(consumer.name)
+                    todo.append(consumer)
+    return seen
+
+
 def saved_activation_bytes(graph: tf.Graph) -> float:
-    """Bytes of the forward tensors the backward pass reads: outputs of ops outside
-    `gradient_tape/` consumed by an op inside it, the step's inputs included (variables'
-    reads and constants excluded: parameters are counted apart)."""
+    """Bytes of the forward tensors the backward pass reads: outputs of forward ops computed
+    from the step's inputs (its data, not its variables: parameters are counted apart)
+    consumed by a backward op (`backward_ops`), the inputs themselves included. Each
+    tensor once."""
+    backward = backward_ops(graph)
+    inputs = [op for op in graph.get_operations()
+              if op.type == "Placeholder" and op.outputs and op.outputs[0].dtype != tf.resource]
+    data, todo = {op.name for op in inputs}, list(inputs)
+    while todo:
+        op = todo.pop()
+        for tensor in op.outputs:
+            for consumer in tensor.consumers():
+                if consumer.name not in data and consumer.name not in backward:
+                    data.add(consumer.name)
+                    todo.append(consumer)
     total = 0.0
     for op in graph.get_operations():
-        if _BACKWARD.search(op.name) or op.type in ("Const", "ReadVariableOp", "Shape", "VarHandleOp"):
+        if op.name not in data or op.type in ("Const", "Shape"):
             continue
         for tensor in op.outputs:
             if tensor.dtype == tf.resource or not tensor.shape.is_fully_defined():
                 continue
-            if any(_BACKWARD.search(consumer.name) for consumer in tensor.consumers()):
+            if any(consumer.name in backward for consumer in tensor.consumers()):
                 total += tensor.shape.num_elements() * tensor.dtype.size
     return total
 
@@ -199,17 +296,8 @@ def variable_bytes(trackables: Dict) -> Dict[str, float]:
     grads, _ = _variables_bytes(updated or [w for m in models for w in m.trainable_weights]
                                 + [v for m in modules for v in m.trainable_variables])
     slots, _ = _variables_bytes(slot_variables)
-    return {"params": params, "grads": grads, "slots": slots, "num_params": count}
-
-
-def _sync_collectives(trackables: Dict) -> int:
-    """Layers that all-reduce their batch moments each step (SyncBatchNorm and kin)."""
-    import keras  # pylint: disable=import-outside-toplevel
-    count = 0
-    for obj in tf.nest.flatten(trackables, expand_composites=False):
-        if isinstance(obj, keras.Model):
-            count += sum(1 for layer in obj._flatten_layers() if "Sync" in type(layer).__name__)  # noqa: SLF001
-    return count
+    trained = len({id(v) for v in updated}) or sum(len(m.trainable_weights) for m in models)
+    return {"params": params, "grads": grads, "slots": slots, "num_params": count, "trained_variables": trained}
 
 
 def footprint(gin_files: Sequence[str], gin_params: Sequence[str], settings: Dict,
@@ -226,20 +314,26 @@ def _footprint(gin_files, gin_params, settings, probe_batches) -> Tuple[Footprin
     flops, activations, ops, details = [], [], 0, {"probe_batches": list(probe_batches)}
     for batch in probe_batches:
         replicator, task = _built(gin_files, gin_params, settings, batch)
-        graph = _graph(replicator, task)
+        with recording_collectives() as record:
+            graph = _graph(replicator, task)
         flops.append(graph_flops(graph))
         activations.append(saved_activation_bytes(graph))
         ops = graph_ops(graph)
     (b1, b2), (f1, f2), (a1, a2) = probe_batches, flops, activations
     per_flops, per_act = (f2 - f1) / (b2 - b1), (a2 - a1) / (b2 - b1)
     sizes = variable_bytes(task.trackables())
+    sync_bn = sync_bn_calls(graph, record["sync_bn"])
     mesh = settings.get("mesh_shape") or {}
     fp = Footprint(flops_fixed=max(0.0, f1 - per_flops * b1), flops_per_example=per_flops,
                    param_bytes=sizes["params"], grad_bytes=sizes["grads"], slot_bytes=sizes["slots"],
                    activation_bytes_fixed=max(0.0, a1 - per_act * b1), activation_bytes_per_example=per_act,
-                   num_params=sizes["num_params"], sync_collectives=_sync_collectives(task.trackables()), ops=ops,
+                   num_params=sizes["num_params"], sync_collectives=len(sync_bn), ops=ops,
                    examples_per_step_factor=task.examples_per_step / task.global_batch_size,
-                   precision=settings["precision"], model_axis=int(mesh.get("model", 1)))
+                   precision=settings["precision"], model_axis=int(mesh.get("model", 1)),
+                   all_reduce_bytes=[r["bytes"] for r in record["all_reduce"]],
+                   sync_bn=[[c, b] for c, b in sync_bn],
+                   compiled_kernels=compiled_kernels(graph, sizes["trained_variables"]),
+                   jit_compile=settings.get("jit_compile", "auto"), target=settings.get("target", "cpu"))
     details.update(flops=flops, activation_bytes=activations, examples_per_epoch=_examples_per_epoch(task, settings))
     if settings["d4pg"]:
         details["actor_env_steps_per_s"] = actor_env_steps_per_s(task)

@@ -1,39 +1,71 @@
-"""The planner's model: step time, gradient communication and memory on N devices.
+"""The planner's model: step time, communication and memory on N devices.
 
-    step = compute + communication + input + host            (no overlap: TensorFlow's
-    compute = FLOPs per replica / (peak x utilisation)        default loop reduces the
-                                                              gradients after the backward pass)
-Communication is the all-reduce the target runs:
+    step = device + communication + input + host       (no overlap: TensorFlow's default
+                                                         loop reduces the gradients after
+                                                         the backward pass)
+Device (an accelerator; `device_time`), per replica, two roofs summed, since a step's
+convolutions run at the compute roof and its element-wise and normalisation layers at
+the bandwidth roof, one after the other:
 
-* a ring (MirroredStrategy over NCCL or host memory): 2(n-1)/n x bytes / bandwidth
-  + 2(n-1) x latency (reduce-scatter, then all-gather, n-1 steps each);
-* hierarchical across hosts (MultiWorkerMirrored): a ring over the g devices of a host,
-  then a ring over the h hosts in which each device carries bytes/g at its share
-  (1/g) of the host's network: 2(g-1)/g x bytes / B_intra + 2(h-1)/h x bytes / B_inter;
-* a TPU torus (2-D or 3-D, per dimension a bidirectional ring, the dimensions
-  pipelined over all links): 2(n-1)/n x bytes / B_chip + 2 sum_d (k_d - 1) x latency,
-  B_chip the chip's ICI bandwidth summed over its links (Google's 'all-reduce
-  bandwidth per pod' divided by its chips); slices beyond a pod add a ring over DCN.
+    compute = FLOPs / (peak x u) x (1 + fill / per-replica batch)
+    memory  = (traffic x saved-activation bytes + 2 params + grads + 2 slots) / HBM bandwidth
+
+u is the compute efficiency of the math unit the precision runs on (fp32, TF32, 16-bit
+Tensor Cores, a TPU's MXU), `traffic` the bytes a step moves per byte of activation it
+saves (per kind), both fitted to published ResNet-50 measurements (expframe/plan/
+anchors.py); `fill` is the batch at which a GPU runs at half its rate (stated, from
+NVIDIA's inference tables): small per-replica batches leave a device idle. The second
+term of memory is the optimizer's pass over the variables. A TPU v2/v3 chip holds two
+replicas (cores), each with half its chip's peak, bandwidth and memory. On this
+machine's CPU (`shared_compute`) compute is FLOPs of the whole global batch over the
+measured FLOP/s x the calibrated utilisation, as before, with no roofline.
+
+Communication is what the step's code does (`Footprint.all_reduce_bytes` and
+`Footprint.sync_bn`, recorded while the step was traced):
+
+* every all-reduce the step makes: each optimizer update's gradients (a GAN: its
+  `disc_steps` discriminator updates and its generator update), with the target's
+  algorithm: a ring (MirroredStrategy over NCCL or host memory): 2(n-1)/n x bytes /
+  bandwidth + 2(n-1) x latency (NCCL on GPUs: a tree's 2 ceil(log2 n) latencies, as it
+  picks for small messages); hierarchical across hosts (MultiWorkerMirrored): a ring
+  over the g devices of a host, then a ring over the h hosts at the host's network,
+  2(g-1)/g x bytes / B_intra + 2(h-1)/h x bytes / B_inter; a TPU torus (2-D or 3-D, per
+  dimension a bidirectional ring, pipelined over all links): 2(c-1)/c x bytes / B_chip +
+  2 sum_d (k_d - 1) x latency over the c chips (a chip sums its cores' first), and beyond
+  the largest slice a ring over the data-centre network;
+* every training-mode SyncBatchNorm call gathers an n x 3C float32 table of its
+  replicas' (count, mean, M2) (`sync_bn_bytes`, per target as TensorFlow implements it):
+  multi-worker: a ring all-gather, (n-1)/n x the table; TPU: TPUStrategy's all_gather is a
+  cross-replica sum of the table zero-padded per replica, 2(n-1)/n x the table; CPU
+  replicas: this framework's own collective, the same padded sum (tables over 2^18
+  elements fall back to the strategy's gather through one device); one host's GPUs:
+  MirroredStrategy with NCCL has no all-gather and gathers to GPU 0, then copies the
+  table to the n-1 others. Where the step differentiates through the call, the backward
+  pass all-reduces the gradient of the whole table (2(n-1)/n x the table). On this
+  machine a synchronised layer's cost at each device count is measured instead
+  (`collective_probe`: it includes the skew between replicas the formulas leave out).
 
 Host: per host call (`--host_ms`, spread over steps_per_loop steps) plus dispatching the
-step's ops (ops x per-op cost: on the CPU it adds to the step once per replica, since
-logical replicas and loopback workers share the same cores, as many at once as there are
-cores; a stated launch cost on a
-GPU, where it shows only when it exceeds the device's work; 0 on a TPU, whose step XLA
-compiles whole). On this machine the per-op cost and the utilisation come from two
+step: on the CPU the executor's ops, once per replica (logical replicas and loopback
+workers share the same cores, as many at once as there are cores); on a GPU the
+executor's ops, or, when the step is compiled with XLA (`Replicator.jit_compile` True or
+'auto', which compiles where it pays), its kernels (`Footprint.compiled_kernels`), a
+launch each: it shows only when it exceeds the device's work; 0 on a TPU, whose step
+XLA compiles whole. On this machine the per-op cost and the utilisation come from two
 1-replica steps, at the global batch and at a small batch (`calibrated_host`).
-
-Small collectives (SyncBatchNorm's moments, one per layer forward and one backward) are
-latency-bound: 2 ceil(log2 n) x latency each (a tree); on this machine a synchronised
-layer's cost at each device count is measured instead (`collective_probe`: it includes
-the skew between replicas that the formula leaves out). Everything here is plain Python.
+Everything here is plain Python.
 """
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from expframe.plan.catalogue import Hardware, Link
+
+# Elements up to which CPU replicas gather with the framework's own collective
+# (expframe/replicator/collectives.py, _OWN_MAX_ELEMENTS); larger tables use the strategy's.
+OWN_COLLECTIVE_MAX_ELEMENTS = 1 << 18
+FLOAT32 = 4
 
 
 @dataclasses.dataclass
@@ -42,6 +74,15 @@ class Footprint:
 
     FLOPs and activation bytes are per replica: `a + b x per_replica_batch` (fitted from
     traces at two batch sizes); bytes of activations are at float32.
+
+    Attributes (beyond the sizes):
+      sync_collectives: training-mode SyncBatchNorm calls per step.
+      all_reduce_bytes: bytes of each all-reduce the step makes (one per optimizer update);
+        None: one all-reduce of grad_bytes.
+      sync_bn: [channels, backward] per SyncBatchNorm call (backward: the step
+        differentiates through it); None: sync_collectives calls of unknown width.
+      compiled_kernels: kernels the step launches when XLA compiles it (0: ops).
+      jit_compile, target: the experiment's Replicator.jit_compile and target.
     """
     flops_fixed: float
     flops_per_example: float
@@ -56,6 +97,11 @@ class Footprint:
     examples_per_step_factor: float = 1.0  # examples a step consumes per global-batch example (a GAN: disc_steps)
     precision: str = "float32"
     model_axis: int = 1
+    all_reduce_bytes: Optional[List[float]] = None
+    sync_bn: Optional[List[List]] = None
+    compiled_kernels: int = 0
+    jit_compile: Union[bool, str] = "auto"
+    target: str = "cpu"
 
     def flops(self, per_replica_batch: float) -> float:
         return self.flops_fixed + self.flops_per_example * per_replica_batch
@@ -63,23 +109,39 @@ class Footprint:
     def activation_bytes(self, per_replica_batch: float) -> float:
         return self.activation_bytes_fixed + self.activation_bytes_per_example * per_replica_batch
 
+    def all_reduces(self) -> List[float]:
+        """Bytes of each all-reduce of the step, in order."""
+        if self.all_reduce_bytes is not None:
+            return [float(b) for b in self.all_reduce_bytes]
+        return [self.grad_bytes] if self.grad_bytes else []
 
-def ring_all_reduce_s(num_bytes: float, n: int, link: Link) -> float:
-    """Ring all-reduce of num_bytes over n devices: reduce-scatter + all-gather."""
+    def sync_calls(self) -> List[Tuple[int, bool]]:
+        """(channels, backward) per SyncBatchNorm call of the step."""
+        if self.sync_bn is not None:
+            return [(int(c), bool(b)) for c, b in self.sync_bn]
+        return [(0, True)] * self.sync_collectives
+
+
+def ring_all_reduce_s(num_bytes: float, n: int, link: Link, tree: bool = False) -> float:
+    """Ring all-reduce of num_bytes over n devices: reduce-scatter + all-gather, 2(n-1)
+    latency-bound steps; with `tree`, NCCL's choice for small messages, 2 ceil(log2 n)
+    steps (its double binary tree moves the same bytes)."""
     if n <= 1:
         return 0.0
-    return 2 * (n - 1) / n * num_bytes / link.bandwidth + 2 * (n - 1) * link.latency_s
+    steps = 2 * math.ceil(math.log2(n)) if tree else 2 * (n - 1)
+    return 2 * (n - 1) / n * num_bytes / link.bandwidth + steps * link.latency_s
 
 
-def hierarchical_all_reduce_s(num_bytes: float, per_host: int, hosts: int, intra: Link, inter: Link) -> float:
+def hierarchical_all_reduce_s(num_bytes: float, per_host: int, hosts: int, intra: Link, inter: Link,
+                              tree: bool = False) -> float:
     """Ring inside each host, then a ring across hosts in which each of the host's
     devices carries num_bytes / per_host over its share (1 / per_host) of the host's
-    network: the cross-host term is 2(h-1)/h x num_bytes / inter.bandwidth."""
-    inside = ring_all_reduce_s(num_bytes, per_host, intra)
+    network: the cross-host term is 2(h-1)/h x num_bytes / inter.bandwidth (`tree`: the
+    latency of trees, as NCCL)."""
+    inside = ring_all_reduce_s(num_bytes, per_host, intra, tree)
     if hosts <= 1:
         return inside
-    across = 2 * (hosts - 1) / hosts * num_bytes / inter.bandwidth + 2 * (hosts - 1) * inter.latency_s
-    return inside + across
+    return inside + ring_all_reduce_s(num_bytes, hosts, inter, tree)
 
 
 def torus_dims(n: int, ndim: int) -> Tuple[int, ...]:
@@ -111,39 +173,145 @@ def small_all_reduce_s(n: int, link: Link) -> float:
     return 0.0 if n <= 1 else 2 * math.ceil(math.log2(n)) * link.latency_s
 
 
-def gradient_all_reduce(hw: Hardware, n: int, num_bytes: float) -> Tuple[float, str, Link]:
-    """(seconds, algorithm, the slowest link) of the gradient all-reduce over n data-parallel devices."""
+def slice_devices(hw: Hardware) -> Optional[int]:
+    """The most chips one TPU torus (a slice) holds: the largest slice, else the pod."""
+    return hw.max_slice_devices or hw.pod_devices
+
+
+def all_reduce(hw: Hardware, n: int, num_bytes: float) -> Tuple[float, str, Link]:
+    """(seconds, algorithm, the slowest link) of an all-reduce of num_bytes over n data-parallel
+    devices (chips on a TPU: a chip first sums its cores')."""
     if n <= 1:
         return 0.0, "none (1 device)", hw.intra_host
     if hw.topology.startswith("torus"):
         ndim = 3 if hw.topology == "torus3d" else 2
-        pod = hw.pod_devices or n
-        if n <= pod:
+        largest = slice_devices(hw) or n
+        if n <= largest:
             dims = torus_dims(n, ndim)
             shape = "x".join(map(str, dims))
             return torus_all_reduce_s(num_bytes, dims, hw.inter_host), f"{ndim}-D torus {shape}", hw.inter_host
-        slices = math.ceil(n / pod)
-        inside = torus_all_reduce_s(num_bytes, torus_dims(pod, ndim), hw.inter_host)
-        # Each host sends its chips' shards (devices_per_host / pod of the bytes) over its DCN link.
+        slices = math.ceil(n / largest)
+        inside = torus_all_reduce_s(num_bytes, torus_dims(largest, ndim), hw.inter_host)
+        # Each host sends its chips' shards (devices_per_host / slice of the bytes) over its DCN link.
         dcn = hw.multi_slice or hw.inter_host
-        across = ring_all_reduce_s(num_bytes * hw.devices_per_host / pod, slices, dcn)
-        return inside + across, f"torus per slice + ring over {slices} slices ({dcn.name})", dcn
+        across = ring_all_reduce_s(num_bytes * hw.devices_per_host / largest, slices, dcn)
+        return (inside + across, f"torus per slice of {largest} chips + ring over {slices} slices ({dcn.name})",
+                dcn)
     per_host = min(n, hw.devices_per_host)
     hosts = math.ceil(n / per_host)
+    tree = hw.kind == "gpu"  # NCCL: trees for small messages (the latency), rings for large
+    kind = "NCCL ring/tree" if tree else "ring"
     if hosts == 1:
-        return ring_all_reduce_s(num_bytes, n, hw.intra_host), f"ring over {n} ({hw.intra_host.name})", hw.intra_host
-    seconds = hierarchical_all_reduce_s(num_bytes, per_host, hosts, hw.intra_host, hw.inter_host)
-    return seconds, f"hierarchical: ring of {per_host} + ring of {hosts} hosts ({hw.inter_host.name})", hw.inter_host
+        return (ring_all_reduce_s(num_bytes, n, hw.intra_host, tree), f"{kind} over {n} ({hw.intra_host.name})",
+                hw.intra_host)
+    seconds = hierarchical_all_reduce_s(num_bytes, per_host, hosts, hw.intra_host, hw.inter_host, tree)
+    return (seconds, f"hierarchical: {kind} of {per_host} + of {hosts} hosts ({hw.inter_host.name})",
+            hw.inter_host)
+
+
+gradient_all_reduce = all_reduce  # the name the planner's earlier callers use
+
+
+def all_gather_s(hw: Hardware, n: int, table_bytes: float) -> float:
+    """A ring all-gather of a table_bytes table (each device holds 1/n of it): (n-1)/n x
+    table / bandwidth + (n-1) latencies; across hosts, each host's network carries it."""
+    if n <= 1:
+        return 0.0
+    per_host = min(n, hw.devices_per_host)
+    hosts = math.ceil(n / per_host)
+    intra, inter = hw.intra_host, hw.inter_host
+    inside = (per_host - 1) / per_host * table_bytes / intra.bandwidth + (per_host - 1) * intra.latency_s
+    if hosts == 1:
+        return inside
+    return inside + (hosts - 1) / hosts * table_bytes / inter.bandwidth + (hosts - 1) * inter.latency_s
+
+
+def sync_bn_target(hw: Hardware, n: int) -> str:
+    """The strategy n replicas of `hw` run under: 'tpu', 'gpu' (one host's GPUs,
+    MirroredStrategy with NCCL), 'cpu' (logical CPU replicas) or 'multi_worker'."""
+    if hw.kind == "tpu":
+        return "tpu"
+    one_host = n <= hw.devices_per_host
+    if hw.kind == "gpu":
+        return "gpu" if one_host else "multi_worker"
+    return "cpu" if one_host else "multi_worker"
+
+
+def sync_bn_bytes(target: str, n: int, channels: int) -> Dict:
+    """Bytes one SyncBatchNorm call moves through the busiest device's links, per pass, as
+    TensorFlow implements `collectives.all_gather` of the n x 3C float32 table (count,
+    mean, M2 per channel and replica, `SyncBatchNorm._gathered_moments`) on each target.
+
+    Returns {'table': bytes of the table, 'forward': ..., 'backward': ...,
+    'forward_algorithm': ..., 'backward_algorithm': ...}. Backward is the gradient of the
+    gather, an all-reduce of the whole table (`ReplicaContext.all_gather`'s gradient; the
+    own collective's and TPUStrategy's are sums of the same table).
+    """
+    piece = 3 * channels * FLOAT32
+    table = n * piece
+    if n <= 1:
+        return {"table": piece, "forward": 0.0, "backward": 0.0, "forward_algorithm": "none (1 replica)",
+                "backward_algorithm": "none (1 replica)"}
+    ring_all_reduce = 2 * (n - 1) / n * table
+    if target == "multi_worker":
+        forward, algorithm = (n - 1) / n * table, "ring all-gather (CollectiveAllReduce)"
+        backward, back_algorithm = ring_all_reduce, "ring all-reduce of the table"
+    elif target == "tpu":
+        forward, algorithm = ring_all_reduce, "cross-replica sum of the zero-padded table (TPUStrategy.all_gather)"
+        backward, back_algorithm = ring_all_reduce, "cross-replica sum of the table"
+    elif target == "cpu" and n * 3 * channels <= OWN_COLLECTIVE_MAX_ELEMENTS:
+        forward, algorithm = ring_all_reduce, "own CollectiveReduce of the zero-padded table (ring)"
+        backward, back_algorithm = ring_all_reduce, "own CollectiveReduce of the table"
+    elif target in ("gpu", "cpu"):
+        # Gathered on the first device ((n-1) pieces in), then copied to the n-1 others.
+        forward = (n - 1) * piece + (n - 1) * table
+        algorithm = "gather to device 0 + copies to n-1 (ReductionToOneDevice)"
+        if target == "gpu":
+            backward, back_algorithm = ring_all_reduce, "NCCL ring all-reduce of the table"
+        else:  # ReductionToOneDevice: n-1 tables in, n-1 out
+            backward, back_algorithm = 2 * (n - 1) * table, "reduce to device 0 + copies (ReductionToOneDevice)"
+    else:
+        raise ValueError(f"sync_bn_bytes: unknown target {target!r}")
+    return {"table": table, "forward": forward, "backward": backward, "forward_algorithm": algorithm,
+            "backward_algorithm": back_algorithm}
+
+
+def _sync_bn_call_s(hw: Hardware, devices: int, replicas: int, channels: int, backward: bool) -> Tuple[float, float]:
+    """(seconds, bytes) of one SyncBatchNorm call's collectives, forward and backward."""
+    target = sync_bn_target(hw, replicas)
+    moved = sync_bn_bytes(target, replicas, channels)
+    table = moved["table"]
+    if target == "tpu":  # over the chips' torus, as a gradient all-reduce of the table
+        fwd = all_reduce(hw, devices, table)[0]
+        bwd = fwd
+    elif target == "multi_worker":
+        fwd = all_gather_s(hw, replicas, table)
+        bwd = all_reduce(hw, replicas, table)[0]
+    elif moved["forward_algorithm"].startswith("own"):
+        fwd = bwd = ring_all_reduce_s(table, replicas, hw.intra_host)
+    else:
+        link = hw.intra_host
+        fwd = moved["forward"] / link.bandwidth + 2 * (replicas - 1) * link.latency_s
+        bwd = (ring_all_reduce_s(table, replicas, link, tree=True) if target == "gpu"
+               else moved["backward"] / link.bandwidth + 2 * (replicas - 1) * link.latency_s)
+    seconds = fwd + (bwd if backward else 0.0)
+    return seconds, moved["forward"] + (moved["backward"] if backward else 0.0)
 
 
 @dataclasses.dataclass
 class Settings:
-    """The stated inputs of a plan (each has a default the table prints)."""
-    utilisation: float
+    """The stated inputs of a plan (each has a default the table prints).
+
+    utilisation: the compute roof's efficiency (achieved over peak FLOP/s); None: the
+    catalogue's (fitted per math unit; this machine: its calibrated utilisation).
+    compiled: whether XLA compiles the step (None: from the experiment's target and
+    Replicator.jit_compile)."""
+    utilisation: Optional[float]
     precision: str
     input_s_per_example: float = 0.0   # host seconds per example (over the host's cores); 0: keeps up
     host_call_s: float = 0.0           # per host call (one call runs steps_per_loop steps)
     steps_per_loop: int = 1
+    compiled: Optional[bool] = None
 
 
 def _activation_scale(precision: str) -> float:
@@ -151,31 +319,84 @@ def _activation_scale(precision: str) -> float:
     return 0.5 if precision.startswith("mixed") else 1.0
 
 
-def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: Settings) -> Dict:
-    """One row of the plan: `devices` devices (data x model axis) at `global_batch`."""
+def compiles(fp: Footprint, hw: Hardware, st: Settings) -> bool:
+    """Whether XLA compiles the step: always on a TPU; on a GPU with Replicator.jit_compile
+    True or 'auto' (XLA where it pays: the compiled dispatch bounds it)."""
+    if st.compiled is not None:
+        return st.compiled
+    if hw.kind == "tpu":
+        return True
+    return hw.kind == "gpu" and fp.jit_compile in (True, "auto")
+
+
+def optimizer_bytes(fp: Footprint) -> float:
+    """Bytes the optimizer's update moves: parameters and slots read and written, gradients read."""
+    return 2 * fp.param_bytes + fp.grad_bytes + 2 * fp.slot_bytes
+
+
+def device_time(fp: Footprint, hw: Hardware, per_replica: float, precision: str,
+                utilisation: Optional[float] = None) -> Dict[str, float]:
+    """One accelerator replica's step (see the module docstring): {'compute_s', 'hbm_s' (the
+    bandwidth roof), 'efficiency' (the compute roof's u), 'traffic_bytes'}."""
+    cores = max(1, hw.cores_per_chip)
     model = max(1, fp.model_axis)
-    data = max(1, devices // model)
-    per_replica = global_batch / data
+    u = utilisation if utilisation is not None else hw.compute_efficiency(precision)
+    peak = hw.peak(precision) / cores
+    fill = hw.fill_batch
+    batch = max(per_replica, 1e-9)
+    compute = fp.flops(per_replica) / model / (peak * u) * (1.0 + fill / batch)
+    activations = hw.traffic * _activation_scale(precision) * fp.activation_bytes(per_replica)
+    traffic = (activations + optimizer_bytes(fp)) / model
+    hbm = traffic / (hw.memory_bandwidth / cores)
+    return {"compute_s": compute, "hbm_s": hbm, "efficiency": u, "traffic_bytes": traffic}
+
+
+def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: Settings) -> Dict:
+    """One row of the plan: `devices` devices (chips or GPUs; data x model axis) at `global_batch`."""
+    model = max(1, fp.model_axis)
+    data = max(1, devices // model)              # devices on the data axis
+    replicas = data * max(1, hw.cores_per_chip)  # data-parallel replicas (2 per TPU v2/v3 chip)
+    per_replica = global_batch / replicas
     peak = hw.peak(st.precision)
-    achieved = peak * st.utilisation
-    # Logical CPU replicas share the machine: the whole global batch runs on one pool of cores.
-    compute = (fp.flops(per_replica) * data if hw.shared_compute else fp.flops(per_replica) / model) / achieved
-    grad_s, algorithm, link = gradient_all_reduce(hw, data, fp.grad_bytes / model)
-    if data > 1 and hw.sync_layer_s and data in hw.sync_layer_s:   # measured on this machine
-        sync_s = fp.sync_collectives * hw.sync_layer_s[data]
-    else:                                                          # forward and backward, latency-bound
-        sync_s = 2 * fp.sync_collectives * small_all_reduce_s(data, link)
+    if hw.shared_compute:
+        # Logical CPU replicas share the machine: the whole global batch runs on one pool of cores.
+        achieved = peak * (st.utilisation if st.utilisation is not None else hw.compute_efficiency(st.precision))
+        compute, hbm = fp.flops(per_replica) * data / achieved, 0.0
+        efficiency = achieved / peak
+    else:
+        dev = device_time(fp, hw, per_replica, st.precision, st.utilisation)
+        compute, hbm, efficiency = dev["compute_s"], dev["hbm_s"], dev["efficiency"]
+    grad_s, algorithm, grad_bytes = 0.0, "none (1 device)", 0.0
+    for num_bytes in fp.all_reduces():
+        seconds, algorithm, _ = all_reduce(hw, data if hw.kind == "tpu" else replicas, num_bytes / model)
+        grad_s += seconds
+        grad_bytes += num_bytes / model
+    calls = fp.sync_calls()
+    sync_bytes = 0.0
+    if replicas > 1 and hw.sync_layer_s and replicas in hw.sync_layer_s:   # measured on this machine
+        # the probe times a layer forward and backward; a forward-only call costs about half
+        sync_s = sum(1.0 if backward else 0.5 for _, backward in calls) * hw.sync_layer_s[replicas]
+    elif replicas > 1:
+        sync_s = 0.0
+        for channels, backward in calls:
+            seconds, moved = _sync_bn_call_s(hw, data, replicas, channels, backward)
+            sync_s += seconds
+            sync_bytes += moved
+    else:
+        sync_s = 0.0
     comm = grad_s + sync_s
-    device_s = compute + comm
+    device_s = compute + hbm + comm
     per_host = min(devices, hw.devices_per_host)
-    input_total = st.input_s_per_example * per_replica * (1 if hw.shared_compute else per_host)
+    input_total = st.input_s_per_example * per_replica * (1 if hw.shared_compute else per_host * hw.cores_per_chip)
     input_s = max(0.0, input_total - device_s)  # tf.data's prefetch hides what the device step covers
-    # Dispatching the step's ops: on a CPU the same cores pay it, once per replica (each logical
-    # replica or worker process runs its own copy of the step's ops); an accelerator hides it
-    # behind its kernels unless dispatch is slower than they are (a small model: then it is the step).
-    # (An op's dispatch runs on one core: the replicas' dispatch overlaps as many at once as
-    # there are cores.)
-    dispatch = fp.ops * hw.per_op_s * (max(1.0, data / hw.cores) if hw.shared_compute else 1.0)
+    # Dispatching the step: on a CPU the same cores pay it, once per replica (each logical
+    # replica or worker process runs its own copy of the step's ops), as many at once as
+    # there are cores; an accelerator hides it behind its kernels unless dispatch is slower
+    # than they are (a small model: then it is the step). Compiled by XLA, a GPU step
+    # launches its fused kernels instead of the executor's ops; a TPU's costs nothing here.
+    compiled = compiles(fp, hw, st)
+    launches = (fp.compiled_kernels or fp.ops) if (compiled and hw.kind == "gpu") else fp.ops
+    dispatch = launches * hw.per_op_s * (max(1.0, replicas / hw.cores) if hw.shared_compute else 1.0)
     hidden = 0.0 if hw.shared_compute else min(dispatch, device_s)
     host = st.host_call_s / max(1, st.steps_per_loop) + dispatch - hidden
     step = device_s + input_s + host
@@ -183,12 +404,20 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
     memory = {"params": fp.param_bytes / model, "grads": fp.grad_bytes / model, "slots": fp.slot_bytes / model,
               "activations": fp.activation_bytes(per_replica) * scale / model}
     total = sum(memory.values())
-    parts = {"compute": compute, "comm": comm, "input": input_s, "host": host}
-    row = {"devices": devices, "data_axis": data, "model_axis": model, "global_batch": global_batch,
-           "per_replica_batch": per_replica, "step_s": step, **{f"{k}_s": v for k, v in parts.items()},
-           "all_reduce": algorithm, "examples_per_s": global_batch * fp.examples_per_step_factor / step,
-           "memory_bytes": {**memory, "total": total, "device": hw.memory_bytes},
-           "fits": total <= hw.memory_bytes, "shortfall_bytes": max(0.0, total - hw.memory_bytes),
+    capacity = hw.replica_memory_bytes
+    parts = {"compute": compute, "hbm": hbm, "comm": comm, "input": input_s, "host": host}
+    achieved_flops = fp.flops(per_replica) / model / step
+    row = {"devices": devices, "data_axis": data, "replicas": replicas, "model_axis": model,
+           "global_batch": global_batch, "per_replica_batch": per_replica, "step_s": step,
+           **{f"{k}_s": v for k, v in parts.items()},
+           "grad_all_reduce_s": grad_s, "sync_bn_s": sync_s, "all_reduce_bytes": grad_bytes,
+           "sync_bn_bytes": sync_bytes, "all_reduce": algorithm, "compiled": compiled,
+           "examples_per_s": global_batch * fp.examples_per_step_factor / step,
+           "compute_efficiency": efficiency,
+           "utilisation": achieved_flops / (peak / max(1, hw.cores_per_chip)) if not hw.shared_compute else
+           fp.flops(per_replica) * data / step / peak,
+           "memory_bytes": {**memory, "total": total, "device": capacity},
+           "fits": total <= capacity, "shortfall_bytes": max(0.0, total - capacity),
            "bottleneck": max(parts, key=parts.get)}
     if not row["fits"]:
         row["bottleneck"] = "memory"
@@ -202,11 +431,27 @@ def add_schedule(row: Dict, examples_per_epoch: Optional[int], train_steps: int)
 
 
 def add_efficiency(rows: List[Dict], fp: Footprint, hw: Hardware, st: Settings) -> None:
-    """Scaling efficiency against 1 device at the same per-replica batch (weak scaling):
-    examples/s on n devices / (n x examples/s on one)."""
+    """Two scaling efficiencies per row, each meaning one thing:
+
+    * strong: the same global batch on more devices, against the smallest device count
+      planned: examples/s on n / (n / n_min x examples/s on n_min);
+    * weak: the same per-replica batch, against one device (chip or GPU) holding its
+      replicas: examples/s on n / (n x examples/s on one).
+    `efficiency` keeps the strong figure."""
+    if not rows:
+        return
+    base = min(rows, key=lambda r: r["devices"])
     for row in rows:
-        one = plan_row(fp, hw, max(1, fp.model_axis), max(1, round(row["per_replica_batch"])), st)
-        row["efficiency"] = row["examples_per_s"] / (row["data_axis"] * one["examples_per_s"])
+        if row["global_batch"] == base["global_batch"]:
+            scaled = base["examples_per_s"] * row["devices"] / base["devices"]
+            row["strong_efficiency"] = row["examples_per_s"] / scaled
+        else:
+            row["strong_efficiency"] = None
+        model = max(1, fp.model_axis)
+        one_batch = max(1, round(row["per_replica_batch"] * max(1, hw.cores_per_chip)))
+        one = plan_row(fp, hw, model, one_batch, st)
+        row["weak_efficiency"] = row["examples_per_s"] / (row["data_axis"] * one["examples_per_s"])
+        row["efficiency"] = row["strong_efficiency"]
 
 
 def calibrated_host(fp: Footprint, hw: Hardware, global_batch: int, small_batch: int, st: Settings,

@@ -103,24 +103,29 @@ def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, 
     """The plan (a JSON-able dict with `rows`) for each device count in `devices`."""
     batch = global_batch_size or settings["global_batch_size"]
     chosen = resolve_precision(precision or settings["precision"], hw)
-    st = model.Settings(utilisation=utilisation or hw.utilisation, precision=chosen,
+    st = model.Settings(utilisation=utilisation, precision=chosen,
                         input_s_per_example=input_us_per_example * 1e-6, host_call_s=host_ms_per_call * 1e-3,
                         steps_per_loop=settings["steps_per_loop"])
     axis = max(1, fp.model_axis)
+    cores = max(1, hw.cores_per_chip)
     rows = []
     for n in devices:
         if n % axis:
             raise ConfigError(f"--devices={n}: the experiment's mesh has a model axis of {axis}; use multiples of it.")
-        if batch % (n // axis):
-            raise ConfigError(f"--devices={n}: global batch {batch} is not divisible by {n // axis} data-parallel "
-                              "replicas; pass --global_batch_size or other device counts.")
+        replicas = n // axis * cores
+        if batch % replicas:
+            per_chip = f" ({n // axis} chips x {cores} cores)" if cores > 1 else ""
+            raise ConfigError(f"--devices={n}: global batch {batch} is not divisible by {replicas} data-parallel "
+                              f"replicas{per_chip}; pass --global_batch_size or other device counts.")
         row = model.plan_row(fp, hw, n, batch, st)
         model.add_schedule(row, details.get("examples_per_epoch"), settings["train_steps"])
         rows.append(row)
     model.add_efficiency(rows, fp, hw, st)
+    efficiency = utilisation if utilisation is not None else hw.compute_efficiency(chosen)
     plan = {"gin_files": settings["gin_files"], "hardware": hw.name, "precision": chosen,
-            "peak_note": hw.peak_note(chosen), "peak_flops": hw.peak(chosen), "utilisation": st.utilisation,
-            "utilisation_source": "stated (--utilisation)" if utilisation else hw.sources.get("utilisation", ""),
+            "peak_note": hw.peak_note(chosen), "peak_flops": hw.peak(chosen), "utilisation": efficiency,
+            "utilisation_source": _utilisation_source(hw, chosen, utilisation),
+            "cores_per_chip": cores, "compiled": model.compiles(fp, hw, st),
             "overlap": hw.overlap, "sources": hw.sources, "train_steps": settings["train_steps"],
             "examples_per_epoch": details.get("examples_per_epoch"), "rows": rows,
             "input_note": (f"{input_us_per_example:g} us of host time per example, hidden by prefetch up to the "
@@ -130,6 +135,17 @@ def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, 
     if settings.get("d4pg"):
         plan["d4pg_lines"], plan["d4pg"] = _d4pg(plan, settings, batch, actors, actor_steps_per_s)
     return plan
+
+
+def _utilisation_source(hw: Hardware, precision: str, stated: Optional[float]) -> str:
+    if stated is not None:
+        return "stated (--utilisation)"
+    if hw.kind == "cpu":
+        return hw.sources.get("utilisation", "")
+    key = hw.efficiency_key(precision)
+    return (f"the compute roof's efficiency '{key}', fitted to published ResNet-50 measurements "
+            f"(expframe/plan/anchors.json; docs/planning.md); HBM traffic {hw.traffic:.3g} x saved activations, "
+            f"fill batch {hw.fill_batch:g}")
 
 
 def _footprint_fields(fp: model.Footprint) -> Dict:

@@ -4,8 +4,9 @@ import json
 import math
 from typing import Dict, List, Optional
 
-COLUMNS = ("devices", "global", "per-rep", "step ms", "compute", "comm", "input", "host", "examples/s", "epoch",
-           "to last step", "params", "grads", "slots", "activ.", "total", "device", "fits", "eff.", "bottleneck")
+COLUMNS = ("devices", "global", "per-rep", "step ms", "compute", "hbm", "comm", "input", "host", "examples/s", "epoch",
+           "to last step", "params", "grads", "slots", "activ.", "total", "device", "fits", "util.", "strong", "weak",
+           "bottleneck")
 
 
 def duration(seconds: Optional[float]) -> str:
@@ -35,17 +36,24 @@ def _ms(seconds: float) -> str:
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
+def _percent(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def _cells(row: Dict) -> List[str]:
     memory = row["memory_bytes"]
     devices = str(row["devices"])
     if row["model_axis"] > 1:
         devices += f" ({row['data_axis']}x{row['model_axis']})"
+    elif row.get("replicas", row["data_axis"]) != row["data_axis"]:
+        devices += f" ({row['replicas']} rep.)"
     return [devices, str(row["global_batch"]), f"{row['per_replica_batch']:g}", _ms(row["step_s"]),
-            _ms(row["compute_s"]), _ms(row["comm_s"]), _ms(row["input_s"]), _ms(row["host_s"]),
-            f"{row['examples_per_s']:,.0f}", duration(row.get("epoch_s")), duration(row.get("to_last_step_s")),
-            size(memory["params"]), size(memory["grads"]), size(memory["slots"]), size(memory["activations"]),
-            size(memory["total"]), size(memory["device"]), "yes" if row["fits"] else "NO",
-            f"{row['efficiency']:.0%}", row["bottleneck"]]
+            _ms(row["compute_s"]), _ms(row.get("hbm_s", 0.0)), _ms(row["comm_s"]), _ms(row["input_s"]),
+            _ms(row["host_s"]), f"{row['examples_per_s']:,.0f}", duration(row.get("epoch_s")),
+            duration(row.get("to_last_step_s")), size(memory["params"]), size(memory["grads"]), size(memory["slots"]),
+            size(memory["activations"]), size(memory["total"]), size(memory["device"]), "yes" if row["fits"] else "NO",
+            _percent(row.get("utilisation")), _percent(row.get("strong_efficiency")),
+            _percent(row.get("weak_efficiency")), row["bottleneck"]]
 
 
 def format_table(rows: List[Dict]) -> str:
@@ -64,21 +72,33 @@ def format_markdown(rows: List[Dict]) -> str:
 def notes(plan: Dict) -> List[str]:
     """Lines printed under the table: what was assumed and what does not fit."""
     fp = plan["footprint"]
+    reduces = fp.get("all_reduce_bytes") or ([fp["grad_bytes"]] if fp["grad_bytes"] else [])
+    calls = fp.get("sync_bn") or []
+    differentiated = sum(1 for _, backward in calls if backward)
+    compiled = "compiled by XLA" if plan.get("compiled") else "not compiled (the executor dispatches each op)"
     out = [f"experiment: {', '.join(plan['gin_files'])}; hardware {plan['hardware']} ({plan['peak_note']}); "
-           f"precision {plan['precision']}; utilisation {plan['utilisation']:.3g} ({plan['utilisation_source']})",
+           f"precision {plan['precision']}; compute efficiency {plan['utilisation']:.3g} "
+           f"({plan['utilisation_source']}); util. = achieved / peak FLOP/s of the whole step",
            f"measured per replica: {fp['flops_per_example'] / 1e9:.4g} GFLOP per example + "
-           f"{fp['flops_fixed'] / 1e9:.4g} GFLOP per step; {fp['num_params']:,} parameters; gradients "
-           f"{size(fp['grad_bytes'])} all-reduced per step; activations kept for backward "
-           f"{size(fp['activation_bytes_per_example'])} per example at float32 (x0.5 in mixed precision); "
-           f"{fp['sync_collectives']} SyncBatchNorm layers (2 small all-reduces each per step)",
+           f"{fp['flops_fixed'] / 1e9:.4g} GFLOP per step; {fp['num_params']:,} parameters; "
+           f"{len(reduces)} all-reduce(s) per step of {size(sum(reduces))} in all (one per optimizer update); "
+           f"activations kept for backward {size(fp['activation_bytes_per_example'])} per example at float32 "
+           f"(x0.5 in mixed precision); {fp['sync_collectives']} SyncBatchNorm calls per step ({differentiated} "
+           "differentiated), each gathering a replicas x 3 x channels float32 table (its gradient all-reduced)",
            f"communication overlaps compute: {'yes' if plan['overlap'] else 'no'} (TensorFlow's default loop "
-           "reduces gradients after the backward pass); steps ms = compute + comm + input + host",
+           "reduces gradients after the backward pass); step ms = compute + hbm + comm + input + host; the step "
+           f"is {compiled}",
+           "strong = examples/s against the smallest device count at the same global batch, scaled by the device "
+           "ratio; weak = examples/s against one device at the same per-replica batch, times the device count",
            f"input: {plan['input_note']}; host: {plan['host_note']}"]
-    if plan["hardware"] in ("v2", "v3"):
-        out.append("rows count chips: a v2/v3 chip holds 2 TensorCores, i.e. 2 TPUStrategy replicas (a v3-32 slice "
-                   "is 16 chips); per-replica batch and memory are per chip")
+    if plan.get("cores_per_chip", 1) > 1:
+        out.append(f"rows count chips: a {plan['hardware']} chip holds {plan['cores_per_chip']} TensorCores, each a "
+                   "TPUStrategy replica (a v3-32 slice is 16 chips, 32 replicas); per-replica batch and memory are "
+                   "per core")
     for row in plan["rows"]:
-        out.append(f"{row['devices']} devices: all-reduce {row['all_reduce']}")
+        sync = (f"; SyncBatchNorm {size(row['sync_bn_bytes'])} per step through the busiest device "
+                f"({_ms(row['sync_bn_s'])} ms)" if row.get("sync_bn_bytes") else "")
+        out.append(f"{row['devices']} devices: all-reduce {row['all_reduce']}{sync}")
         if not row["fits"]:
             out.append(f"{row['devices']} devices: does NOT fit: needs {size(row['memory_bytes']['total'])} per "
                        f"device, has {size(row['memory_bytes']['device'])}: short by "
