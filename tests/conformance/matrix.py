@@ -60,6 +60,8 @@ STEPS = 3
 # Names of the non-trainable variables of the shipped networks, as they appear in
 # checkpoint keys (batch-norm statistics, spectral-norm power-iteration vectors).
 _STATE = ("moving_mean", "moving_variance", "sn_u")
+# Children of a network that are not its parameters: a compiled Keras model's optimizer.
+_NOT_PARAMETERS = ("optimizer",)
 
 _TINY = ("Trainer.global_batch_size = 4", f"Trainer.train_steps = {STEPS}", f"Trainer.steps_per_loop = {STEPS}",
          f"Trainer.log_every_steps = {STEPS}", f"Trainer.checkpoint_every_steps = {STEPS}",
@@ -108,6 +110,11 @@ FAMILIES = {f.name: f for f in (
            "decaying sigma): the rendered frames, the frame replay with its random shifts and the shared "
            "encoder (trained by the critic's optimizer) take the same first updates on every CPU target and "
            "precision."),
+    Family("keras", "experiments/keras_shapes.gin", _TINY + _SHAPES + ("resnet.depth = 8",), ("model",),
+           note="keras is experiments/keras_shapes.gin: the classification family's ResNet-8, built and compiled "
+           "as a Keras model and trained by KerasModelTask with its compile loss, metrics and optimizer; it runs "
+           "on `multi_worker` and `parameter_server`, where Keras' own `fit` fails, and its float32 reference "
+           "takes the classification reference's updates (test_matrix.py)."),
     Family("vit_mesh", "experiments/vit_shapes_mesh.gin",
            _TINY + _SHAPES + ("ViT.width = 8", "ViT.num_heads = 2", "ViT.mlp_dim = 8", "ViT.depth = 1",
                               "ViT.stem_widths = (4, 4, 8)"), ("model",), reference_target="mesh 1x1"),
@@ -178,8 +185,10 @@ class Combination:
 
 
 _MESH_PRECISION = r"^run_experiment.precision='mixed_\w+' is not available on Replicator.target='mesh'"
-_PS_FLOAT16 = (r"^run_experiment.precision='mixed_float16' \(it turns on dynamic loss scaling\) needs synchronous "
-               r"replicas.*use run_experiment.precision='mixed_bfloat16'")
+# Through main.py, a refusal that names a binding first says where it was bound.
+_WHERE = r'(?:--gin_param="[^"]*": |\S+:\d+: )?'
+_PS_FLOAT16 = ("^" + _WHERE + r"run_experiment.precision='mixed_float16' \(it turns on dynamic loss scaling\) needs "
+               r"synchronous replicas.*use run_experiment.precision='mixed_bfloat16'")
 
 
 def combinations(slow: bool = True) -> List[Combination]:
@@ -188,17 +197,27 @@ def combinations(slow: bool = True) -> List[Combination]:
     Slow, for the default suite's time limit: mixed precision on the cluster targets
     (multi_worker: its float32 stays in the default tests, its mixed precision is that of
     the same model on `cpu x2`; parameter_server: its float32 and its refusal of float16
-    stay), and the refusals of D4PG and the SN-GAN on parameter servers (the same checks
-    as D4PG on multi_worker and the ResNet's SyncBatchNorm in tests/test_multi_worker.py).
-    Every family at every precision on 1 and 2 replicas is in the default tests.
+    stay), the refusals of D4PG and the SN-GAN on parameter servers (the same checks
+    as D4PG on multi_worker and the ResNet's SyncBatchNorm in tests/test_multi_worker.py),
+    and the compiled Keras model's mixed precision on 2 replicas and on the cluster
+    targets (its float32 on every target and its mixed precision on 1 replica stay).
+    Every other family at every precision on 1 and 2 replicas is in the default tests.
     """
     out = []
-    for family in ("classification", "sngan", "d4pg", "d4pg_pixels"):
+    for family in ("classification", "sngan", "d4pg", "d4pg_pixels", "keras"):
         for target in ("cpu x1", "cpu x2"):
-            out += [Combination(family, target, p) for p in PRECISIONS]
+            # The compiled Keras model is the classification family's ResNet: its mixed
+            # precision on 2 replicas adds nothing that 1 replica and float32 do not check.
+            out += [Combination(family, target, p, slow=family == "keras" and target == "cpu x2" and p != "float32")
+                    for p in PRECISIONS]
     out += [Combination("classification", "multi_worker x2", p, slow=p != "float32") for p in PRECISIONS]
     out += [Combination("classification", "parameter_server x1", p, _PS_FLOAT16 if p == "mixed_float16" else "",
                         slow=p == "mixed_bfloat16") for p in PRECISIONS]
+    # The compiled Keras model: its float32 on both cluster targets in the default tests (the
+    # 2 loopback workers of issue 51), the rest as the classification family's slow cells.
+    out += [Combination("keras", "multi_worker x2", p, slow=p != "float32") for p in PRECISIONS]
+    out += [Combination("keras", "parameter_server x1", p, _PS_FLOAT16 if p == "mixed_float16" else "",
+                        slow=p != "float32") for p in PRECISIONS]
     # Refused on targets they cannot use (the checks come before the precision matters).
     out.append(Combination("d4pg", "multi_worker x2", "float32",
                            r"^D4PGTask acts in the learner's process .*Replicator.target='multi_worker' runs several"))
@@ -223,7 +242,7 @@ def reference(family: str) -> Combination:
 
 # In-process groups (one process each, run side by side with the cluster launches);
 # the SN-GAN (with the pixel D4PG beside it) costs about as much as the three others together.
-GROUPS = ({"sngan", "d4pg_pixels"}, {"classification", "d4pg", "vit_mesh"})
+GROUPS = ({"sngan", "d4pg_pixels"}, {"classification", "d4pg", "vit_mesh", "keras"})
 
 
 def _in_group(combo: Combination, group: int) -> bool:
@@ -258,7 +277,8 @@ def parameters(checkpoint: str, networks: Sequence[str]) -> Dict[str, np.ndarray
         for attribute in node.attributes:
             if attribute.name == "VARIABLE_VALUE" and path[-1] not in _STATE:
                 out["/".join(path)] = reader.get_tensor(attribute.checkpoint_key).astype(np.float64)
-        stack.extend((child.node_id, path + [child.local_name]) for child in reversed(node.children))
+        stack.extend((child.node_id, path + [child.local_name]) for child in reversed(node.children)
+                     if child.local_name not in _NOT_PARAMETERS)
     return out
 
 
@@ -540,8 +560,9 @@ naming the binding to change.
 {notes}
 The `tests` column says where a combination runs: `default` in `python -m pytest`,
 `slow` only in `python -m pytest -m slow tests/conformance/` and in the command above
-(mixed precision on the cluster targets, for the default suite's time limit; the same
-model at the same precision on `cpu x2` is in the default tests).
+(mixed precision on the cluster targets, and the compiled Keras model's on `cpu x2`, for
+the default suite's time limit; the same model at the same precision is in the default
+tests on `cpu x2`, and for the Keras model on `cpu x1`).
 
 | family | target | precision | tests | result | max abs diff | update cosine | update norm ratio |
 |---|---|---|---|---|---|---|---|

@@ -38,8 +38,11 @@ def test_every_combination_matches_float32_or_is_refused(results):
         for target in ("cpu x1", "cpu x2"):
             for precision in matrix.PRECISIONS:
                 assert results[f"{family} | {target} | {precision}"]["result"] == "ran"
+    for precision in matrix.PRECISIONS:
+        assert results[f"keras | cpu x1 | {precision}"]["result"] == "ran"
     assert {("classification", "multi_worker x2"), ("classification", "parameter_server x1"),
-            ("d4pg", "cpu x2"), ("d4pg_pixels", "cpu x2"), ("sngan", "cpu x2"), ("vit_mesh", "mesh 2x2")} <= ran
+            ("d4pg", "cpu x2"), ("d4pg_pixels", "cpu x2"), ("sngan", "cpu x2"), ("vit_mesh", "mesh 2x2"),
+            ("keras", "cpu x2"), ("keras", "multi_worker x2"), ("keras", "parameter_server x1")} <= ran
 
 
 def test_runs_start_from_the_same_initialisation_and_train(results):
@@ -60,6 +63,17 @@ def test_d4pg_under_mixed_float16_takes_the_float32_update(results):
         agreement = results[f"d4pg | {target} | mixed_float16"]["agreement"]
         assert abs(agreement["norm_ratio"] - 1) <= matrix.MIXED_NORM_TOLERANCE, (target, agreement)
         assert agreement["cosine"] > matrix.MIXED_MIN_COSINE["mixed_float16"], (target, agreement)
+
+
+def test_the_compiled_keras_model_takes_the_classification_tasks_updates(results):
+    """Issue 51: KerasModelTask, given the classification family's ResNet compiled with the
+    same optimizer and loss, takes ClassificationTask's first updates: the same parameter
+    names, equal to float32 tolerance (measured: equal)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    ends = [dict(np.load(os.path.join(results[matrix.reference(f).key]["model_dir"], "end.npz")))
+            for f in ("classification", "keras")]
+    assert sorted(ends[0]) == sorted(ends[1]) and len(ends[0]) > 10
+    assert max(float(np.abs(ends[0][k] - ends[1][k]).max()) for k in ends[0]) <= matrix.FLOAT32_ATOL
 
 
 def test_a_refusal_runs_through_main_py_and_its_process_is_checked(results):
@@ -91,12 +105,12 @@ def test_reference_rows_read_reference_not_matches_against_themselves():
     references = {matrix.reference(f).key for f in matrix.FAMILIES}
     assert references == {"classification | cpu x1 | float32", "sngan | cpu x1 | float32",
                           "d4pg | cpu x1 | float32", "d4pg_pixels | cpu x1 | float32",
-                          "vit_mesh | mesh 1x1 | float32"}
+                          "vit_mesh | mesh 1x1 | float32", "keras | cpu x1 | float32"}
     for key in references:
         assert rows[key][0] == "reference" and rows[key][1].endswith("| reference | | | |"), rows[key]
     assert rows["classification | cpu x2 | float32"] == (
         "matches", "| classification | cpu x2 | float32 | default | matches | 0.00e+00 | 1.000000 | 1.0000 |")
-    assert sum(result == "reference" for result, _ in rows.values()) == 5
+    assert sum(result == "reference" for result, _ in rows.values()) == 6
 
 
 def test_a_refusal_through_main_py_must_be_its_only_line_from_main_py():
