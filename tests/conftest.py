@@ -80,12 +80,14 @@ def _explicit_workers(config) -> bool:
 
 
 # The longest files, longest first (seconds in one full run on 2 cores, 2026-12-03: 616,
-# 488, 258, 196, 157, 150, 140, 138, 114, 108, 99, 98, 96), handed out first so that under
+# 488, 258, 196, 157, 150, 140, 138, 114, 108, 99, 98, 96; test_d4pg_resume and
+# test_d4pg_lockstep, added later, about 110 and 100), handed out first so that under
 # xdist no process is left running one of them alone at the end (pyproject.toml passes
 # --no-loadscope-reorder: xdist keeps this order).
 LONGEST_FIRST = ("tests/conformance/test_matrix.py", "tests/test_stop_matrix.py", "tests/test_recovery.py",
                  "tests/test_d4pg_pixels_experiments.py", "tests/test_d4pg_distributed.py",
-                 "tests/test_multi_worker.py", "tests/test_main.py", "tests/test_after_training.py",
+                 "tests/test_multi_worker.py", "tests/test_main.py", "tests/test_d4pg_resume.py",
+                 "tests/test_d4pg_lockstep.py", "tests/test_after_training.py",
                  "tests/test_vit_mesh_experiments.py",
                  "tests/test_reproduce.py", "tests/test_sngan_experiments.py", "tests/test_d4pg_experiments.py",
                  "tests/test_resume_across_replicas.py", "tests/test_export.py", "tests/test_trainer.py")

@@ -85,7 +85,9 @@ def _assert_same(first, second, actors):
         np.testing.assert_array_equal(tensors_again[name], value, err_msg=name)
 
 
-@pytest.mark.parametrize("actors", [1, 2])
+# 2 actors is slow (the default suite's time limit; about 40 s on 2 quiet cores):
+#   python -m pytest -m slow tests/test_d4pg_lockstep.py
+@pytest.mark.parametrize("actors", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_two_deterministic_runs_with_actor_processes_are_equal(actors, tmp_path):
     first, second = _two_runs_at_once(tmp_path, STATES_GIN, STATES + (f"D4PGTask.num_actors = {actors}",))
     _assert_same(first, second, actors)

@@ -338,6 +338,8 @@ def test_two_run_study(data_dir, tmp_path):
         assert json.loads(open(os.path.join(d, "result.json")).read())["step"] == 6
 
 
+@pytest.mark.slow  # the default suite's time limit (about 80 s): tests/test_after_training.py runs the
+# continuous evaluator beside a trainer (SIGKILLed mid-run and restarted) in the default tests.
 @pytest.mark.timeout(900)
 def test_continuous_evaluator(data_dir, tmp_path):
     """The evaluator's row: a trainer runs throughout; each cell starts `--mode=continuous_eval`

@@ -178,10 +178,21 @@ def sync_bn_calls(graph: tf.Graph, calls: List[Dict]) -> List[Tuple[int, bool]]:
 
 
 def graph_flops(graph: tf.Graph) -> float:
-    """FLOPs of every op in `graph` with registered FLOP statistics (tf.compat.v1.profiler)."""
+    """FLOPs of every op in `graph` with registered FLOP statistics (tf.compat.v1.profiler).
+
+    The profiler also logs the graph's trainable-variables collection, which a traced
+    function's graph shares with the process's default graph: variables made eagerly
+    before (a MirroredStrategy's, by any earlier code in the process) have no graph op and
+    fail it. They count no FLOPs, so the collection is emptied while it profiles."""
     options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
     options["output"] = "none"
-    return float(tf.compat.v1.profiler.profile(graph, options=options).total_float_ops)
+    trainable = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    saved = list(trainable)
+    del trainable[:]
+    try:
+        return float(tf.compat.v1.profiler.profile(graph, options=options).total_float_ops)
+    finally:
+        trainable[:] = saved
 
 
 _NOT_RUN = ("Const", "NoOp", "Placeholder", "VarHandleOp", "Identity", "Shape")
