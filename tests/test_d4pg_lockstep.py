@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests import main_runner as mr
-from tests.test_d4pg_resume import _Run
+from tests.test_d4pg_resume import TINY_PIXELS, TINY_STATES, _Run
 
 STATES_GIN = "experiments/d4pg_control.gin"
 PIXELS_GIN = "experiments/d4pg_control_pixels.gin"
@@ -26,12 +26,8 @@ COMMON = mr.ONE_REPLICA + (
     "Trainer.steps_per_loop = 10", "Trainer.log_every_steps = 10", "Trainer.eval_every_steps = 20",
     f"Trainer.checkpoint_every_steps = {TRAIN_STEPS}", "control_suite.action_repeat = 25",
     "D4PGTask.samples_per_insert = 8.0", "D4PGTask.eval_episodes = 1", "D4PGTask.weights_every = 10")
-STATES = COMMON + ("d4pg_policy.layer_sizes = (16, 16)", "d4pg_critic.layer_sizes = (16, 16)",
-                   "D4PGTask.min_replay_size = 50")
-PIXELS = COMMON + ("control_suite.size = 16", "control_suite.frame_stack = 2", "drq_encoder.num_filters = 4",
-                   "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "d4pg_policy.layer_sizes = (16,)",
-                   "d4pg_critic.layer_sizes = (16,)", "D4PGTask.min_replay_size = 40",
-                   "D4PGTask.max_replay_size = 2000")
+STATES = COMMON + TINY_STATES
+PIXELS = COMMON + TINY_PIXELS
 # Wall-clock figures: the only numbers two runs may log differently.
 TIMING = re.compile(r"_per_sec$|^learner_wait_s$|^actor_startup_s$")
 BOOKKEEPING = ("save_counter/.ATTRIBUTES/VARIABLE_VALUE",)

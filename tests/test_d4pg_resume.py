@@ -39,14 +39,16 @@ COMMON = mr.ONE_REPLICA + (
     f"Trainer.train_steps = {TRAIN_STEPS}", "Trainer.steps_per_loop = 1", "Trainer.log_every_steps = 1",
     "Trainer.eval_every_steps = 10", f"Trainer.checkpoint_every_steps = {CHECKPOINT_EVERY}",
     "control_suite.action_repeat = 25", "D4PGTask.samples_per_insert = 4.0", "D4PGTask.eval_episodes = 1")
-# tests/test_d4pg_experiments.py's SMALL on 1 replica: episodes of 40 environment steps.
-STATES = COMMON + ("d4pg_policy.layer_sizes = (16, 16)", "d4pg_critic.layer_sizes = (16, 16)",
-                   "D4PGTask.min_replay_size = 50")
+# tests/test_d4pg_experiments.py's SMALL on 1 replica: episodes of 40 environment steps
+# (tests/test_d4pg_lockstep.py shrinks its runs the same way).
+TINY_STATES = ("d4pg_policy.layer_sizes = (16, 16)", "d4pg_critic.layer_sizes = (16, 16)",
+               "D4PGTask.min_replay_size = 50")
 # tests/test_stop_matrix.py's PIXEL: 16x16 frames, 2 stacked, a tiny encoder.
-PIXELS = COMMON + ("control_suite.size = 16", "control_suite.frame_stack = 2", "drq_encoder.num_filters = 4",
-                   "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "d4pg_policy.layer_sizes = (16,)",
-                   "d4pg_critic.layer_sizes = (16,)", "D4PGTask.min_replay_size = 40",
-                   "D4PGTask.max_replay_size = 2000")
+TINY_PIXELS = ("control_suite.size = 16", "control_suite.frame_stack = 2", "drq_encoder.num_filters = 4",
+               "drq_encoder.num_layers = 2", "drq_encoder.feature_size = 8", "d4pg_policy.layer_sizes = (16,)",
+               "d4pg_critic.layer_sizes = (16,)", "D4PGTask.min_replay_size = 40", "D4PGTask.max_replay_size = 2000")
+STATES = COMMON + TINY_STATES
+PIXELS = COMMON + TINY_PIXELS
 FAMILIES = {"states": (STATES_GIN, STATES), "pixels": (PIXELS_GIN, PIXELS)}
 # Wall-clock rates: the only numbers a resumed run may log differently (and the first host
 # call after a start, which traces the step, is left out of learner_steps_per_sec).
