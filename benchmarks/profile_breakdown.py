@@ -2,7 +2,7 @@
 profiler's own files (no TensorBoard needed).
 
     python benchmarks/profile_breakdown.py runs/profile_224
-    python benchmarks/profile_breakdown.py runs/profile_224 --top 25 --out runs/profile_224/breakdown.json
+    python benchmarks/profile_breakdown.py runs/profile_128 --calls 5 --top 25 --out runs/profile_128/breakdown.json
 
 DIR holds one folder per profiled runner, as `resnet50_throughput.py --profile_dir DIR`
 writes them (`<size>px_<n>rep_<precision>_<runner>/plugins/profile/<time>/*.xplane.pb`).
@@ -16,9 +16,11 @@ For each runner it reads the host plane's threads and reports:
              of `scope/name:Type`, e.g. `_MklMatMul` where oneDNN runs it), else the
              event's own name with ids and numbers removed.
 
-Kinds are listed by their largest time over the runners, with each runner's ms, so a
-gap between runners shows as the rows whose times differ. One call is one sample: a
-kind that differs by less than a call's spread (about +-5 % here) is noise.
+Kinds are listed by their largest time over the runners, with each runner's ms per
+call (`--calls N`: the profile holds N calls, as `resnet50_throughput.py
+--profile_calls N` writes it), so a gap between runners shows as the rows whose times
+differ. A profile is a few samples: a kind that differs by less than a call's spread
+(about +-5 % here) is noise.
 """
 
 import argparse
@@ -102,6 +104,12 @@ def runners(profile_dir: str) -> Dict[str, Dict]:
     return found
 
 
+def per_call(found: Dict[str, Dict], calls: int) -> Dict[str, Dict]:
+    """The breakdowns with every time divided by `calls`."""
+    return {name: dict(r, wall_ms=r["wall_ms"] / calls, busy_ms=r["busy_ms"] / calls,
+                       by_kind_ms={k: v / calls for k, v in r["by_kind_ms"].items()}) for name, r in found.items()}
+
+
 def table(found: Dict[str, Dict], top: int) -> str:
     names = list(found)
     totals = collections.Counter()
@@ -110,7 +118,7 @@ def table(found: Dict[str, Dict], top: int) -> str:
             totals[k] = max(totals[k], ms)
     header = "| kind | " + " | ".join(names) + " |"
     lines = [header, "|---|" + "---:|" * len(names)]
-    lines.append("| wall of the call, ms | " + " | ".join(f"{found[n]['wall_ms']:,.1f}" for n in names) + " |")
+    lines.append("| wall, ms | " + " | ".join(f"{found[n]['wall_ms']:,.1f}" for n in names) + " |")
     lines.append("| busy, summed over threads, ms | " + " | ".join(f"{found[n]['busy_ms']:,.1f}" for n in names)
                  + " |")
     for k, _ in totals.most_common(top):
@@ -122,10 +130,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile_dir")
     parser.add_argument("--top", type=int, default=20, help="kinds to list (default 20)")
-    parser.add_argument("--out", help="also write the breakdowns as JSON here")
+    parser.add_argument("--calls", type=int, default=1, help="host calls in each profile: times are per call")
+    parser.add_argument("--out", help="also write the breakdowns (per call) as JSON here")
     args = parser.parse_args(argv)
     try:
-        found = runners(args.profile_dir)
+        found = per_call(runners(args.profile_dir), max(1, args.calls))
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

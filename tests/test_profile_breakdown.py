@@ -1,6 +1,7 @@
 """benchmarks/profile_breakdown.py: exclusive times of nested events, and a real profile
 of a matmul loop read back from the profiler's own files."""
 
+import json
 import os
 
 import pytest
@@ -49,6 +50,8 @@ def test_a_real_profile_is_read_back_by_kind(breakdown, tmp_path, capsys):
     assert matmul and run["by_kind_ms"][matmul[0]] > 0 and run["threads"] >= 1
     assert sum(run["by_kind_ms"].values()) == pytest.approx(run["busy_ms"])
     assert 0 < run["wall_ms"] and run["busy_ms"] <= run["threads"] * run["wall_ms"] + 1e-9
-    assert breakdown.main([str(tmp_path), "--top", "5"]) == 0
+    assert breakdown.main([str(tmp_path), "--top", "5", "--calls", "2", "--out", str(tmp_path / "b.json")]) == 0
     assert f"| {matmul[0]} |" in capsys.readouterr().out
+    halved = json.loads((tmp_path / "b.json").read_text())["224px_2rep_float32_expframe"]
+    assert halved["by_kind_ms"][matmul[0]] == pytest.approx(run["by_kind_ms"][matmul[0]] / 2)
     assert breakdown.main([str(tmp_path / "not_a_profile")]) == 2
