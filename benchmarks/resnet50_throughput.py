@@ -46,10 +46,11 @@ replicas with 30 repeats, about 17 minutes (expframe/reproduce/registry.py). Nar
 with --sizes, --replicas, --precisions, --runners.
 
 Profile (`--profile_dir DIR`): after each configuration's timed repeats, one more host
-call of each runner runs under the TensorFlow profiler, into
-DIR/<size>px_<n>rep_<precision>_<runner>/, to see where one call's time goes (open DIR
-with `tensorboard --logdir DIR`, Profile tab: the `profile` extra); that call is not
-among the timed ones.
+call of each runner (`--profile_calls N`: N more) runs under the TensorFlow profiler,
+into DIR/<size>px_<n>rep_<precision>_<runner>/, to see where a call's time goes:
+`python benchmarks/profile_breakdown.py DIR --calls N` prints it by op kind per runner
+(or open DIR with `tensorboard --logdir DIR`, Profile tab: the `profile` extra); those
+calls are not among the timed ones.
 
 Precision 'auto': the report marks with * the precision that `run_experiment.precision
 = 'auto'` runs with on this machine (its cached measurement, or one made at the start:
@@ -231,11 +232,13 @@ class _ExecutionClock(keras.callbacks.Callback):
 RUNNER_CLASSES = {"expframe": ExpframeRunner, "handwritten": HandwrittenRunner, "keras_fit": KerasFitRunner}
 
 
-def measure(cfg: Setup, repeats: int, runners: Sequence[str] = RUNNERS, profile_dir: Optional[str] = None) -> dict:
+def measure(cfg: Setup, repeats: int, runners: Sequence[str] = RUNNERS, profile_dir: Optional[str] = None,
+            profile_calls: int = 1) -> dict:
     """Images/s of the runners on one configuration, timed interleaved. With `profile_dir`,
-    one more host call of each runner after the timed ones is traced by the TensorFlow
-    profiler into `<profile_dir>/<size>px_<n>rep_<precision>_<runner>/` (TensorBoard's
-    Profile tab: where one call's time goes), its seconds recorded as `profiled_call_s`."""
+    `profile_calls` more host calls of each runner after the timed ones are traced by the
+    TensorFlow profiler into `<profile_dir>/<size>px_<n>rep_<precision>_<runner>/`
+    (TensorBoard's Profile tab, or benchmarks/profile_breakdown.py: where a call's time
+    goes), their seconds recorded as `profiled_call_s`."""
     keras.mixed_precision.set_global_policy(cfg.precision)
     try:
         built, build_s, first_s = {}, {}, {}
@@ -257,8 +260,8 @@ def measure(cfg: Setup, repeats: int, runners: Sequence[str] = RUNNERS, profile_
                 if not np.isfinite(loss):
                     raise RuntimeError(f"{name}: loss {loss} at {cfg}")
         profiled = {name: _profiled_call(built[name], os.path.join(
-            profile_dir, f"{cfg.size}px_{cfg.num_replicas}rep_{cfg.precision}_{name}")) for name in runners} \
-            if profile_dir else {}
+            profile_dir, f"{cfg.size}px_{cfg.num_replicas}rep_{cfg.precision}_{name}"), profile_calls)
+            for name in runners} if profile_dir else {}
     finally:
         keras.mixed_precision.set_global_policy("float32")
     row = {"image_size": cfg.size, "num_replicas": cfg.num_replicas, "precision": cfg.precision,
@@ -285,11 +288,12 @@ def measure(cfg: Setup, repeats: int, runners: Sequence[str] = RUNNERS, profile_
     return row
 
 
-def _profiled_call(runner, logdir: str) -> tuple[float, str]:
-    """One host call of `runner` under the TensorFlow profiler (not timed with the others)."""
+def _profiled_call(runner, logdir: str, calls: int = 1) -> tuple[list, str]:
+    """`calls` host calls of `runner` under the TensorFlow profiler (not timed with the
+    others): their seconds, and the folder."""
     tf.profiler.experimental.start(logdir)
     try:
-        _, seconds = runner()
+        seconds = [runner()[1] for _ in range(calls)]
     finally:
         tf.profiler.experimental.stop()
     return seconds, logdir
@@ -329,7 +333,11 @@ def main():
                         help="which of the three to time (default all)")
     parser.add_argument("--profile_dir", default=None,
                         help="also trace one more host call of each runner per configuration with the TensorFlow "
-                             "profiler, into DIR/<size>px_<n>rep_<precision>_<runner>/ (tensorboard --logdir DIR)")
+                             "profiler, into DIR/<size>px_<n>rep_<precision>_<runner>/ (tensorboard --logdir DIR, "
+                             "or benchmarks/profile_breakdown.py DIR)")
+    parser.add_argument("--profile_calls", type=int, default=1,
+                        help="host calls per runner in each profile (default 1); profile_breakdown.py --calls "
+                             "divides by it")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     if args.quick:
@@ -359,7 +367,8 @@ def main():
         for n in cfg["replicas"]:
             for precision in cfg["precisions"]:
                 row = measure(Setup(size, n, precision, cfg["global_batch_size"], cfg["steps_per_call"],
-                                    args.baseline_strategy), cfg["repeats"], tuple(args.runners), args.profile_dir)
+                                    args.baseline_strategy), cfg["repeats"], tuple(args.runners), args.profile_dir,
+                              args.profile_calls)
                 peak_for = peak["bfloat16" if "bfloat16" in precision else "float32"]
                 for name in args.runners:
                     row[name]["mfu"] = mfu(row[name]["images_per_sec"], size, peak_for)

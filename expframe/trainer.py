@@ -28,7 +28,7 @@ from expframe.tasks.base import StopRequested, Task, check_step_output, contract
 _positive_int = epochs.positive_int
 
 
-def _accumulate_steps(task: Task) -> int:
+def accumulate_steps_of(task: Task) -> int:
     """Micro-batches per optimizer update: the `accumulate_steps` of the task's wrapped
     optimizers (found in its trackables), which must agree; 1 if it has none."""
     found = {}
@@ -139,7 +139,7 @@ class Trainer:
             replicator.check_variables(task.trackables(), type(task).__name__)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.accumulate_steps = _accumulate_steps(task)
+        self.accumulate_steps = accumulate_steps_of(task)
         self._resolve_epochs(task)
         if replicator.coordinator is not None:
             # parameter_server: per-worker pipelines, whose position cannot be checkpointed.

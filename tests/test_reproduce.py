@@ -508,7 +508,7 @@ def test_quick_set_runs_every_result_writes_a_valid_page_and_a_rerun_skips_them(
     assert not any(os.path.exists(os.path.join(fresh, "quickstart_batch", run, "checkpoints")) for run in runs)
 
 
-def test_a_benchmarks_finished_json_is_reused_only_by_the_same_script_and_command(tmp_path, monkeypatch):
+def test_a_benchmarks_finished_json_is_reused_only_by_the_same_script_and_command(tmp_path, monkeypatch, capsys):
     """A finished JSON left in the work directory (its record deleted to run it again, or a
     set stopped before the record) was reused whatever made it: a rerun after the script
     or the code it imports changed recorded the old numbers under the new commit."""
@@ -524,7 +524,9 @@ def test_a_benchmarks_finished_json_is_reused_only_by_the_same_script_and_comman
     bench = registry.Benchmark("b", "b", "bench.py", (), (), lambda data: [])
     root = str(tmp_path / "work" / "b")
     assert running.run_benchmark(bench, root, False)[0] == {"runs": 1}
-    assert running.run_benchmark(bench, root, False)[0] == {"runs": 1}          # the same: reused
+    capsys.readouterr()
+    assert running.run_benchmark(bench, root, False)[0] == {"runs": 1}          # the same: reused, and said so
+    assert f"b: reusing its finished output {os.path.join(root, 'b.json')} (written " in capsys.readouterr().out
     script.write_text(script.read_text() + "# edited\n")
     assert running.run_benchmark(bench, root, False)[0] == {"runs": 2}          # the script changed
     monkeypatch.setattr(running.provenance, "commit", lambda root: ("c2", False))

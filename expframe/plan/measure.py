@@ -35,9 +35,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import gin
 import tensorflow as tf
 
-from expframe import config
+from expframe import config, epochs
 from expframe.errors import ConfigError
 from expframe.plan.model import Footprint
+from expframe.trainer import accumulate_steps_of
 
 PROBE_BATCHES = (2, 4)
 # Train-split sizes of datasets whose examples the planner does not read (it builds their
@@ -64,9 +65,10 @@ def experiment_settings(gin_files: Sequence[str], gin_params: Sequence[str]) -> 
         settings = _settings(gin_files, gin.config_str())
     finally:
         gin.clear_config()
-    if not settings["global_batch_size"] or not settings["train_steps"]:
-        raise ConfigError(f"{', '.join(gin_files)}: binds no Trainer.global_batch_size or Trainer.train_steps; the "
-                          "planner plans a training run (pass them with --gin_param).")
+    if not settings["global_batch_size"]:
+        raise ConfigError(f"{', '.join(gin_files)}: binds no Trainer.global_batch_size; the planner plans a "
+                          "training run (pass it with --gin_param).")
+    epochs.check_bindings({"train": settings["train_steps"]}, {"train": settings["train_epochs"]})
     return settings
 
 
@@ -76,6 +78,7 @@ def _settings(gin_files: Sequence[str], text: str) -> Dict:
         "mesh_shape": _query("Replicator.mesh_shape"), "precision": _query("run_experiment.precision", "float32"),
         "jit_compile": _query("Replicator.jit_compile", "auto"),
         "global_batch_size": _query("Trainer.global_batch_size"), "train_steps": _query("Trainer.train_steps"),
+        "train_epochs": _query("Trainer.train_epochs"),
         "steps_per_loop": _query("Trainer.steps_per_loop", 100),
         "samples_per_insert": _query("D4PGTask.samples_per_insert"), "num_actors": _query("D4PGTask.num_actors", 0),
         "uses": [name for name in KNOWN_TRAIN_EXAMPLES if f"{name}." in text or f"@{name}" in text],
@@ -345,7 +348,8 @@ def _footprint(gin_files, gin_params, settings, probe_batches) -> Tuple[Footprin
                    sync_bn=[[c, b] for c, b in sync_bn],
                    compiled_kernels=compiled_kernels(graph, sizes["trained_variables"]),
                    jit_compile=settings.get("jit_compile", "auto"), target=settings.get("target", "cpu"))
-    details.update(flops=flops, activation_bytes=activations, examples_per_epoch=_examples_per_epoch(task, settings))
+    details.update(flops=flops, activation_bytes=activations, examples_per_epoch=_examples_per_epoch(task, settings),
+                   accumulate_steps=accumulate_steps_of(task))
     if settings["d4pg"]:
         details["actor_env_steps_per_s"] = actor_env_steps_per_s(task)
     return fp, details

@@ -5,6 +5,7 @@ import dataclasses
 import statistics
 from typing import Dict, Optional, Sequence
 
+from expframe import epochs
 from expframe.errors import ConfigError
 from expframe.plan import catalogue, model
 from expframe.plan.catalogue import Hardware
@@ -106,6 +107,7 @@ def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, 
     st = model.Settings(utilisation=utilisation, precision=chosen,
                         input_s_per_example=input_us_per_example * 1e-6, host_call_s=host_ms_per_call * 1e-3,
                         steps_per_loop=settings["steps_per_loop"])
+    train_steps = planned_train_steps(settings, details, fp, batch)
     axis = max(1, fp.model_axis)
     cores = max(1, hw.cores_per_chip)
     rows = []
@@ -118,7 +120,7 @@ def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, 
             raise ConfigError(f"--devices={n}: global batch {batch} is not divisible by {replicas} data-parallel "
                               f"replicas{per_chip}; pass --global_batch_size or other device counts.")
         row = model.plan_row(fp, hw, n, batch, st)
-        model.add_schedule(row, details.get("examples_per_epoch"), settings["train_steps"])
+        model.add_schedule(row, details.get("examples_per_epoch"), train_steps)
         rows.append(row)
     model.add_efficiency(rows, fp, hw, st)
     efficiency = utilisation if utilisation is not None else hw.compute_efficiency(chosen)
@@ -126,7 +128,8 @@ def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, 
             "peak_note": hw.peak_note(chosen), "peak_flops": hw.peak(chosen), "utilisation": efficiency,
             "utilisation_source": _utilisation_source(hw, chosen, utilisation),
             "cores_per_chip": cores, "compiled": model.compiles(fp, hw, st),
-            "overlap": hw.overlap, "sources": hw.sources, "train_steps": settings["train_steps"],
+            "overlap": hw.overlap, "sources": hw.sources, "train_steps": train_steps,
+            "train_epochs": settings.get("train_epochs"),
             "examples_per_epoch": details.get("examples_per_epoch"), "rows": rows,
             "input_note": (f"{input_us_per_example:g} us of host time per example, hidden by prefetch up to the "
                            "device step" if input_us_per_example else "assumed to keep up (--input_us_per_example)"),
@@ -135,6 +138,18 @@ def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, 
     if settings.get("d4pg"):
         plan["d4pg_lines"], plan["d4pg"] = _d4pg(plan, settings, batch, actors, actor_steps_per_s)
     return plan
+
+
+def planned_train_steps(settings: Dict, details: Dict, fp: model.Footprint, batch: int) -> int:
+    """The run's last step: `Trainer.train_steps`, or `Trainer.train_epochs` in steps as the
+    trainer counts them (expframe/epochs.py) at the planned global batch, so a plan at
+    another --global_batch_size has the steps that run would have."""
+    if settings.get("train_steps") is not None:
+        return settings["train_steps"]
+    per_step = round(batch * fp.examples_per_step_factor) * details.get("accumulate_steps", 1)
+    what = f"the experiment ({', '.join(settings['gin_files'])})"
+    per_epoch = epochs.steps_per_epoch(details.get("examples_per_epoch"), per_step, what)
+    return epochs.steps("Trainer.train_epochs", settings["train_epochs"], per_epoch)
 
 
 def _utilisation_source(hw: Hardware, precision: str, stated: Optional[float]) -> str:

@@ -91,6 +91,10 @@ def notes(plan: Dict) -> List[str]:
            "strong = examples/s against the smallest device count at the same global batch, scaled by the device "
            "ratio; weak = examples/s against one device at the same per-replica batch, times the device count",
            f"input: {plan['input_note']}; host: {plan['host_note']}"]
+    if plan.get("train_epochs") is not None:
+        out.append(f"to last step: Trainer.train_epochs = {plan['train_epochs']:g} is {plan['train_steps']:,} steps "
+                   f"at global batch {plan['rows'][0]['global_batch']:,} ({plan['examples_per_epoch']:,} train "
+                   "examples per epoch, counted as the trainer counts them)")
     if plan.get("cores_per_chip", 1) > 1:
         out.append(f"rows count chips: a {plan['hardware']} chip holds {plan['cores_per_chip']} TensorCores, each a "
                    "TPUStrategy replica (a v3-32 slice is 16 chips, 32 replicas); per-replica batch and memory are "

@@ -151,8 +151,11 @@ def _main(argv: list[str]) -> int:
                 previous = running.read_record(work, result.name)
                 if (previous and previous.get("complete") and previous.get("quick") == quick
                         and previous.get("signature") == running.signature(result, quick)):
-                    running.say(f"{result.name}: recorded {previous['finished']}, skipped (delete "
-                                f"{running.record_path(work, result.name)} to run it again)")
+                    again = running.record_path(work, result.name)
+                    if result.kind == "benchmark":  # its finished output would be re-recorded, not re-measured
+                        again += f" and {os.path.join(work, result.name)}"
+                    running.say(f"{result.name}: recorded {previous['finished']}, skipped (delete {again} to run "
+                                "it again)")
                     continue
                 rec = running.run(result, work, quick, commands[result.name],
                                   parallel=getattr(result, "parallel", 1), settle_s=settle_s,

@@ -281,8 +281,15 @@ def run_benchmark(result: registry.Benchmark, root: str, quick: bool) -> tuple[d
         with open(made_by, "w", encoding="utf-8") as f:
             f.write(by)
         os.replace(running_out, out)
+    else:
+        say(f"{result.name}: reusing its finished output {out} (written {_mtime(out)} by the same command and "
+            f"commit); delete it to measure again")
     with open(out, encoding="utf-8") as f:
         return json.load(f), shown(argv)
+
+
+def _mtime(path: str) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(os.path.getmtime(path)))
 
 
 def _made_by(result: registry.Benchmark, argv: list) -> str:

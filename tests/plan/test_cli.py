@@ -106,3 +106,37 @@ def test_bad_flags_fail_fast_without_tensorflow():
 def test_this_machine_is_measured():
     assert planner.cpu_flops(repeats=1) > 1e8          # FLOP/s of the probe's matmul and conv chain
     assert 0 < planner.cpu_per_op_s(length=100, repeats=1) < 0.01
+
+
+def _epochs_config(folder, length: str):
+    path = folder / "epochs.gin"
+    path.write_text(TINY.replace("Trainer.train_steps = 100", length))
+    return path
+
+
+def test_a_config_in_epochs_is_planned_with_the_steps_the_trainer_would_run(tmp_path, capsys):
+    """Trainer.train_epochs instead of train_steps: the last step is epochs x (train
+    examples // global batch), as expframe/epochs.py counts it, at the planned batch."""
+    path = _epochs_config(tmp_path, "Trainer.train_epochs = 2.5")
+    out = tmp_path / "plan.json"
+    assert cli.main([f"--gin_file={path}", "--hardware=v5e", "--devices=1", f"--out={out}"]) == 0
+    plan = json.loads(out.read_text())
+    per_epoch = 1_281_167 // 64                     # mock ImageNet plans ILSVRC 2012's train split
+    assert plan["train_epochs"] == 2.5 and plan["train_steps"] == int(2.5 * per_epoch) == 50_045
+    row = plan["rows"][0]
+    assert row["to_last_step_s"] == pytest.approx(50_045 * row["step_s"])
+    assert "Trainer.train_epochs = 2.5 is 50,045 steps at global batch 64" in capsys.readouterr().out
+    assert cli.main([f"--gin_file={path}", "--hardware=v5e", "--devices=1", "--global_batch_size=128",
+                     f"--out={out}"]) == 0
+    assert json.loads(out.read_text())["train_steps"] == int(2.5 * (1_281_167 // 128)) == 25_022
+
+
+@pytest.mark.parametrize("length, message", [
+    ("Trainer.train_epochs = 2\nTrainer.train_steps = 100", "are both bound: bind one of them"),
+    ("", "Trainer.train_steps and Trainer.train_epochs are both unbound"),
+])
+def test_a_config_without_one_length_is_one_line_and_exit_2(tmp_path, capsys, length, message):
+    path = _epochs_config(tmp_path, length)
+    assert cli.main([f"--gin_file={path}", "--hardware=v5e", "--devices=1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
