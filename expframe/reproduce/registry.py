@@ -314,7 +314,7 @@ _REPEATS = str(spread.REPEATS)
 BENCHMARKS = (
     Benchmark("plan_vs_measured", "The planner (python -m expframe.plan) against the real trainer: quickstart and "
               "ResNet-20 at 1-8 CPU replicas and 2-4 loopback workers", "benchmarks/plan_vs_measured.py", (),
-              ("--quick",), benchmark_rows.plan_vs_measured, minutes=25,
+              ("--quick",), benchmark_rows.plan_vs_measured, minutes=17,
               readme="docs/planning.md#checked-on-this-machine"),
     # 1.3 min at 7 repeats; at 30 the timing loops (under a second per repeat) add about 1.
     Benchmark("collectives", "All-reduce on CPU replicas against one copy of the same bytes",
@@ -327,25 +327,25 @@ BENCHMARKS = (
     Benchmark("runner_overhead", "expframe's train loop against a hand-written tf.distribute loop (ResNet-20)",
               "benchmarks/runner_overhead.py", ("--repeats", _REPEATS),
               ("--replicas", "2", "--global_batch_size", "8", "--steps_per_call", "1", "--repeats", "1"),
-              benchmark_rows.runner_overhead, minutes=20, repeated=True,
+              benchmark_rows.runner_overhead, minutes=15, repeated=True,
               readme="docs/programming_model.md#the-programming-model"),
     # The page's setting (batch 4, one step per call) at 128 and 224 px on 1 and 2 replicas, float32:
     # about 3 min to build and trace the three models of a configuration (6.5 min for the two of
     # --quick), a repeat 3.6 s at 224 px (0.9 + 0.9 s, fit's two executions 1.8) and 1.2 s at 128:
-    # 4 x 3 + 30 x (2 x 3.6 + 2 x 1.2) / 60 = about 17 min.
+    # 4 x 3 + 30 x (2 x 3.6 + 2 x 1.2) / 60 = about 17 min estimated; 14.2 measured (2026-12-06).
     Benchmark("resnet50_throughput", "ResNet-50: expframe against a hand-written loop and Keras fit, with MFU",
               "benchmarks/resnet50_throughput.py",
               ("--sizes", "224", "128", "--replicas", "2", "1", "--precisions", "float32", "--global_batch_size", "4",
                "--steps_per_call", "1", "--repeats", _REPEATS),
               ("--sizes", "32", "--replicas", "1", "--precisions", "float32", "--global_batch_size", "1",
                "--steps_per_call", "1", "--repeats", "1"),
-              benchmark_rows.resnet50, minutes=17, repeated=True,
+              benchmark_rows.resnet50, minutes=14, repeated=True,
               readme="README.md#resnet-50-on-imagenet-the-papers-first-benchmark"),
     # A repeat starts 3 configurations' processes (about 3.1 min: 6.2 for 2 repeats); 6 repeats.
     Benchmark("scaling", "Weak scaling on CPU cores: 2 workers (or 2 replicas) against 1 (ResNet-20)",
               "benchmarks/scaling.py", ("--repeats", "6"),
               ("--steps_per_call", "1", "--warmup_calls", "1", "--calls", "1", "--repeats", "1", "--timeout", "900"),
-              benchmark_rows.scaling, minutes=19, repeated=True, readme="docs/hardware.md#where-it-runs-one-binding"),
+              benchmark_rows.scaling, minutes=13, repeated=True, readme="docs/hardware.md#where-it-runs-one-binding"),
     Benchmark("data_checkpoint_size", "Bytes of the data position in a checkpoint (ResNet-50 ImageNet pipeline)",
               "benchmarks/data_checkpoint_size.py", (), ("--smoke",), benchmark_rows.data_checkpoint, minutes=3,
               readme="docs/running.md#running-experiments"),
