@@ -42,12 +42,12 @@ def baseline_strategy(kind: str, num_replicas: int, target: str = "cpu") -> tf.d
                      "('none' is for one replica)")
 
 
-def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optimizer: keras.optimizers.Optimizer,
-                     per_replica_dataset: Callable[[int], tf.data.Dataset], global_batch: int,
-                     num_classes: int, jit_compile: bool = False) -> Callable[[int], float]:
-    """Returns call(k): k training steps in one tf.function call; the mean loss of the last.
-    With `jit_compile`, the per-replica step is compiled with XLA. `call.traced(k)` is the
-    traced host call (its concrete function)."""
+def replica_step(strategy: tf.distribute.Strategy, model: keras.Model, optimizer: keras.optimizers.Optimizer,
+                 per_replica_dataset: Callable[[int], tf.data.Dataset], global_batch: int, num_classes: int,
+                 jit_compile: bool = False):
+    """(step, iterator): the per-replica training step of the tf.distribute guide (its
+    gradients divided by the replica count, into the plain Keras optimizer, which sums
+    over replicas) and the distributed input it reads, the optimizer built in the scope."""
     num_replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         optimizer.build(model.trainable_variables)
@@ -64,8 +64,17 @@ def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optim
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
-    if jit_compile:
-        step = tf.function(step, jit_compile=True)
+    return (tf.function(step, jit_compile=True) if jit_compile else step), iterator
+
+
+def handwritten_loop(strategy: tf.distribute.Strategy, model: keras.Model, optimizer: keras.optimizers.Optimizer,
+                     per_replica_dataset: Callable[[int], tf.data.Dataset], global_batch: int,
+                     num_classes: int, jit_compile: bool = False) -> Callable[[int], float]:
+    """Returns call(k): k training steps in one tf.function call; the mean loss of the last.
+    With `jit_compile`, the per-replica step is compiled with XLA. `call.traced(k)` is the
+    traced host call (its concrete function)."""
+    step, iterator = replica_step(strategy, model, optimizer, per_replica_dataset, global_batch, num_classes,
+                                  jit_compile)
 
     @tf.function
     def loop(iterator, k):

@@ -34,7 +34,6 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 
-import keras  # noqa: E402  pylint: disable=wrong-import-position
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 
 import handwritten  # noqa: E402  pylint: disable=wrong-import-position
@@ -51,22 +50,12 @@ class NoLoopRunner:
 
     def __init__(self, cfg: rt.Setup):
         strategy = handwritten.baseline_strategy(cfg.strategy_kind, cfg.num_replicas, cfg.target)
-        n = strategy.num_replicas_in_sync
         with strategy.scope():
             model, optimizer = rt.build_model(cfg.size, cfg.depth), rt.build_optimizer()
-            optimizer.build(model.trainable_variables)
-        per_replica = cfg.global_batch // n
-        self.iterator = iter(strategy.distribute_datasets_from_function(
-            lambda ctx: tf.data.Dataset.from_tensors(rt.synthetic_batch(per_replica, cfg.size)).repeat()))
-
-        def step(batch):
-            with tf.GradientTape() as tape:
-                logits = tf.cast(model(batch["image"], training=True), tf.float32)
-                onehot = tf.one_hot(batch["label"], rt.NUM_CLASSES, dtype=logits.dtype)
-                loss = tf.reduce_mean(keras.losses.categorical_crossentropy(onehot, logits, from_logits=True))
-            grads = [g / n for g in tape.gradient(loss, model.trainable_variables)]  # Keras sums over replicas
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss
+        step, self.iterator = handwritten.replica_step(
+            strategy, model, optimizer,
+            lambda per_replica: tf.data.Dataset.from_tensors(rt.synthetic_batch(per_replica, cfg.size)).repeat(),
+            cfg.global_batch, rt.NUM_CLASSES)
 
         @tf.function
         def one(iterator):

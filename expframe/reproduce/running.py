@@ -14,6 +14,7 @@ rerunning the same `python -m expframe.reproduce` command continues where it sto
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -289,7 +290,8 @@ def run_benchmark(result: registry.Benchmark, root: str, quick: bool) -> tuple[d
 
 
 def _mtime(path: str) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(os.path.getmtime(path)))
+    """When `path` was last written, as provenance.now() writes times."""
+    return datetime.datetime.fromtimestamp(os.path.getmtime(path)).astimezone().isoformat(timespec="seconds")
 
 
 def _made_by(result: registry.Benchmark, argv: list) -> str:
