@@ -8,6 +8,7 @@ never a fresh start, and nothing is deleted. On several workers every worker res
 the same step, or the run fails.
 """
 
+import logging
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -39,7 +40,8 @@ class Checkpointer:
         self.step = step
         self.data_position = data_position
         self.max_to_keep = max_to_keep
-        self.checkpoint = tf.train.Checkpoint(step=step, **data_position.in_checkpoint(), **trackables)
+        self.objects = {"step": step, **data_position.in_checkpoint(), **trackables}
+        self.checkpoint = tf.train.Checkpoint(**self.objects)  # what the manager saves
         self.manager = None
         self._shared_dir = None
 
@@ -101,7 +103,7 @@ class Checkpointer:
 
     def _read(self, path: str) -> Optional[str]:
         """Restores `path`; returns None, or why it could not be read (one line)."""
-        return read_checkpoint(self.checkpoint, path)
+        return read_checkpoint(self.objects, path)
 
     def _unreadable(self, failures: List[str]) -> RunError:
         return RunError(
@@ -153,15 +155,25 @@ def _remove_unfinished(directory: str, step: int) -> None:
                 tf.io.gfile.remove(path)
 
 
-def read_checkpoint(checkpoint: tf.train.Checkpoint, path: str) -> Optional[str]:
-    """Restores the checkpoint at `path` (a prefix) into `checkpoint`'s objects; returns
-    None, or why it could not be read (one line). Entries of the file that `checkpoint`
-    does not hold (e.g. the data position, for an evaluator) are ignored.
+def read_checkpoint(objects: Dict[str, Any], path: str) -> Optional[str]:
+    """Restores the checkpoint at `path` (a prefix) into `objects` (the children of a
+    checkpoint's root: {"step": ..., "model": ...}); returns None, or why it could not be
+    read (one line). Entries of the file that `objects` do not hold (e.g. the data
+    position, for an evaluator) are ignored.
+
+    Each read goes through a new `tf.train.Checkpoint` root and `read` (not `restore`):
+    a root that is restored into again and again keeps, from a read that failed part-way,
+    a queued restoration of its lazily created `save_counter` from the failed file, and
+    `restore` creates that variable afterwards and replays every queued restoration, the
+    stale one too. A checkpoint deleted while it was read (a trainer's pruning beside a
+    continuous evaluator) then made every later read fail on the deleted file
+    (tests/test_continuous_eval_race.py).
 
     Raises:
       ConfigError: the checkpoint holds another model (a different config).
     """
-    mismatch = shape_mismatches(checkpoint, path)
+    root = tf.train.Checkpoint(**objects)
+    mismatch = shape_mismatches(root, path)
     if mismatch:
         name, saved, now = mismatch[0]
         more = f" (and {len(mismatch) - 1} more variable(s))" if len(mismatch) > 1 else ""
@@ -170,7 +182,7 @@ def read_checkpoint(checkpoint: tf.train.Checkpoint, path: str) -> Optional[str]
             f"checkpoint and {now} in the model{more}; resume with the config it was written with, or use a "
             "new --model_dir.")
     try:
-        status = checkpoint.restore(path)
+        status = root.read(path)
         status.expect_partial()  # what does not match is reported below, not in warnings at exit
         status.assert_existing_objects_matched()
     except Exception as e:  # noqa: BLE001  (any failure to read is reported, never taken for none)
@@ -183,6 +195,22 @@ def read_checkpoint(checkpoint: tf.train.Checkpoint, path: str) -> Optional[str]
         first = text[0] if text else "no message"
         return f"{type(e).__name__}: {first if len(first) <= 160 else first[:157] + '...'}"
     return None
+
+
+class _FailedReadNotices(logging.Filter):
+    """Drops TensorFlow's warnings, at garbage collection, about the values a failed read
+    left unrestored: `read_checkpoint` reports that read itself in one line (and every
+    read that succeeds says `expect_partial`, so these come only from failed ones)."""
+
+    _NOTICES = ("Value in checkpoint could not be found in the restored object",
+                "is being deleted with unrestored values")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(notice in message for notice in self._NOTICES)
+
+
+logging.getLogger("tensorflow").addFilter(_FailedReadNotices())
 
 
 def node_paths(view: tf.train.CheckpointView) -> Dict[int, str]:

@@ -30,6 +30,9 @@ flags.DEFINE_enum("mode", "train_and_eval", ["train", "eval", "train_and_eval", 
                   "docs/after_training.md.")
 flags.DEFINE_string("checkpoint", "latest", "For --mode=eval and export: which checkpoint: latest, best (kept by "
                     "Trainer.best_checkpoint) or a step.")
+flags.DEFINE_multi_string("evaluation", [], "For --mode=eval: which evaluation(s) to run (repeatable): eval (the "
+                          "run's own, on its eval split) or a named one the task binds (e.g. eval_train: "
+                          "ClassificationTask.evaluations); default all. Recorded apart from the run's curves.")
 flags.DEFINE_string("export_dir", None, "For --mode=export: where the SavedModel goes (default "
                     "<model_dir>/export/step_<N>); it must not exist yet.")
 flags.DEFINE_enum("export_precision", "float32", ["float32", "mixed_bfloat16", "mixed_float16"],
@@ -120,10 +123,32 @@ def _check_files() -> int:
     return 0
 
 
+def _model_dir() -> str:
+    """--model_dir, or the default: runs/<the first gin file's name>."""
+    return FLAGS.model_dir or os.path.join("runs", os.path.splitext(os.path.basename(FLAGS.gin_file[0]))[0])
+
+
+def _check_locks() -> int:
+    """A live trainer or continuous evaluator of the model_dir refuses a second one at once,
+    before TensorFlow's import (seconds) and the build (up to minutes): 0 when free, else
+    the exit status after the one-line error. The trainer and the evaluator take their
+    locks later, before they write (a second one that started meanwhile is refused there)."""
+    from expframe import dir_lock  # pylint: disable=import-outside-toplevel
+    if FLAGS.list_configurables:
+        return 0
+    model_dir = _model_dir()
+    if FLAGS.mode == "continuous_eval" and dir_lock.is_held(os.path.join(model_dir, dir_lock.EVALUATOR)):
+        return _error(dir_lock.evaluator_held(model_dir))
+    if (FLAGS.mode in ("train", "train_and_eval") and dir_lock.is_chief_by_environment()
+            and not dir_lock.writer_wait_s() and dir_lock.is_held(os.path.join(model_dir, dir_lock.WRITER))):
+        return _error(dir_lock.writer_held(model_dir))
+    return 0
+
+
 def _run(argv) -> int:
     if len(argv) > 1:
         return _error(f"unexpected arguments {argv[1:]}; pass settings with --gin_param")
-    code = _check_files()
+    code = _check_files() or _check_locks()
     if code:
         return code
     _start_tensorflow()
@@ -133,12 +158,12 @@ def _run(argv) -> int:
         if FLAGS.list_configurables:
             print(configurable_list.format_list(configurable_list.configurables()))
             return 0
-        model_dir = FLAGS.model_dir or os.path.join(
-            "runs", os.path.splitext(os.path.basename(FLAGS.gin_file[0]))[0])
+        model_dir = _model_dir()
         result = experiment.run_experiment(
             model_dir=model_dir, mode=FLAGS.mode, config_text=text, allow_config_change=FLAGS.allow_config_change,
             dry_run=FLAGS.dry_run, checkpoint=FLAGS.checkpoint, export_dir=FLAGS.export_dir,
-            export_precision=FLAGS.export_precision, eval_timeout_s=FLAGS.eval_timeout_s)
+            export_precision=FLAGS.export_precision, eval_timeout_s=FLAGS.eval_timeout_s,
+            evaluations=FLAGS.evaluation)
     except (errors.ConfigError, errors.RunError) as e:
         line = str(e).strip().splitlines()[0]
         # A configuration error that names a binding says where it was bound (file and line).

@@ -1,5 +1,5 @@
-"""`--mode=continuous_eval`: evaluates each checkpoint of a model_dir once, in step
-order, as a trainer (`--mode=train`) writes them beside it.
+"""`--mode=continuous_eval`: evaluates a model_dir's checkpoints as a trainer
+(`--mode=train`) writes them beside it.
 
     python main.py --gin_file=EXP --model_dir=DIR --mode=train &
     python main.py --gin_file=EXP --model_dir=DIR --mode=continuous_eval [--eval_timeout_s=3600]
@@ -10,12 +10,18 @@ It drives the run's `Evaluator` (the one `train_and_eval` uses, so the numbers e
 - It reads a checkpoint only once the trainer's CheckpointManager has listed it in
   `checkpoints/checkpoint` (TensorFlow writes that index after the checkpoint's files are
   complete), never one still being written.
+- It first pins the checkpoint: hard links of its files in `<model_dir>/.evaluating/`
+  (`pinned_checkpoint.py`), so the trainer's pruning (`Trainer.max_checkpoints`) can
+  delete it meanwhile without disturbing the read. A checkpoint deleted before it was
+  pinned, or (where the filesystem has no hard links) while it was read, is skipped with
+  one line.
+- In step order while it keeps up; once it has fallen behind (a checkpoint was pruned
+  before it could be read), it takes the newest checkpoint listed, as
+  `tf.train.checkpoints_iterator` does, and names the steps it skipped in one line.
 - What it evaluated is remembered in metrics.jsonl: it goes on after the newest eval
-  record there, so a restarted evaluator neither repeats nor skips a step. A checkpoint
-  that the trainer's pruning (`Trainer.max_checkpoints`) deleted before it was read is
-  named in one line (`skipped step(s) ...`).
-- It only appends (eval records, TensorBoard events under eval/, sample grids) and
-  keeps the best checkpoint when `Trainer.best_checkpoint` is bound; it holds
+  record there, so a restarted evaluator repeats no step.
+- It only appends (eval records of the run's evaluations, TensorBoard events, sample
+  grids) and keeps the best checkpoint when `Trainer.best_checkpoint` is bound; it holds
   `.evaluator.lock` (one evaluator per model_dir; the trainer then leaves the best
   checkpoint to it).
 - It ends after evaluating the final step (`Trainer.train_steps`), or after
@@ -31,7 +37,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from expframe import dir_lock, interrupts, metrics_file
+from expframe import dir_lock, evaluator, interrupts, metrics_file, pinned_checkpoint, run_files
 from expframe.best_checkpoint import BestCheckpoint
 from expframe.checkpointer import read_checkpoint
 from expframe.errors import ConfigError, RunError
@@ -58,14 +64,21 @@ def listed_checkpoints(checkpoint_dir: str) -> List[Tuple[int, str]]:
 
 
 def evaluated_steps(metrics_path: str) -> List[int]:
-    """The steps metrics.jsonl holds an eval record for, in order."""
-    return sorted({int(r["step"]) for r in metrics_file.records(metrics_path) if r.get("split") == "eval"})
+    """The steps metrics.jsonl holds a record of the run's evaluations for (`eval`, or a
+    named one: a step's evaluations are appended in one write), in order."""
+    return sorted({int(r["step"]) for r in metrics_file.records(metrics_path)
+                   if run_files.is_evaluation(str(r.get("split", "")))})
 
 
 def skipped_steps(last: int, first_new: int, every: int) -> List[int]:
     """The periodic checkpoint steps (multiples of `every`) after the last evaluated step
     and before the first checkpoint there is now: deleted before they could be read."""
     return list(range((last // every + 1) * every, first_new, every))
+
+
+def _steps(steps: List[int]) -> str:
+    shown = ", ".join(map(str, steps[:10]))
+    return shown + (f" and {len(steps) - 10} more" if len(steps) > 10 else "")
 
 
 class ContinuousEvaluator:
@@ -88,7 +101,8 @@ class ContinuousEvaluator:
         self.trainer, self.out = trainer, out
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.check_config = check_config
-        self.checkpoint = trainer.evaluation_checkpoint()
+        self.objects = trainer.evaluation_objects()
+        self.pins = os.path.join(out.model_dir, pinned_checkpoint.FOLDER)
         self.best = None
         if trainer.best_checkpoint is not None:
             self.best = BestCheckpoint(out.model_dir, *trainer.best_checkpoint)
@@ -103,13 +117,14 @@ class ContinuousEvaluator:
             return
         raise _Stop(signum)
 
-    def _record(self, step: int, metrics: Dict[str, float]) -> None:
-        """The evaluation's records, outputs and best copy, never cut short by a signal."""
+    def _record(self, step: int, results: Dict[str, Dict[str, float]]) -> None:
+        """The evaluations' records, outputs and best copy, never cut short by a signal."""
         self._critical = True
         try:
-            self.trainer.evaluator.record(self.out, step, metrics)
-            if self.best is not None:
-                line = self.best.consider(step, metrics, self.checkpoint)
+            self.trainer.evaluator.record_all(self.out, step, results)
+            metrics = results.get(evaluator.MAIN)
+            if self.best is not None and metrics:
+                line = self.best.consider(step, metrics, tf.train.Checkpoint(**self.objects))
                 if line:
                     self.out.progress(line)
         finally:
@@ -123,9 +138,8 @@ class ContinuousEvaluator:
         """Evaluates until the final step, a timeout or a signal; returns the result dict."""
         lock = dir_lock.hold(os.path.join(self.out.model_dir, dir_lock.EVALUATOR))
         if lock is None:
-            path = os.path.join(self.out.model_dir, dir_lock.EVALUATOR)
-            raise ConfigError(f"another continuous evaluator ({dir_lock.holder(path)}) is evaluating "
-                              f"{self.out.model_dir}; stop it first, or evaluate another --model_dir.")
+            raise ConfigError(dir_lock.evaluator_held(self.out.model_dir))
+        pinned_checkpoint.release_all(self.pins)  # a killed evaluator's
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         interrupts.disarm()  # from here on this loop handles SIGINT
         last_eval, started = {}, time.time()
@@ -139,13 +153,14 @@ class ContinuousEvaluator:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            pinned_checkpoint.release_all(self.pins)
             lock.release()
         return {"eval": last_eval, "step": int(self.trainer.step.numpy()), "wall_time_s": time.time() - started}
 
     def _loop(self) -> Dict[str, float]:
         trainer, out = self.trainer, self.out
         done = evaluated_steps(out.metrics_path)
-        last, last_eval = (done[-1] if done else 0), {}
+        last, last_eval, behind = (done[-1] if done else 0), {}, False
         if last >= trainer.train_steps:
             out.progress(f"continuous evaluation: step {last} (the final step) is evaluated already")
             return last_eval
@@ -161,35 +176,48 @@ class ContinuousEvaluator:
                     return last_eval
                 time.sleep(self.poll_s)
                 continue
-            self._say_skipped(last, new[0][0])
-            for step, path in new:
-                metrics = self._evaluate(step, path)
-                if metrics is not None:
-                    last_eval = metrics
-                last = step
-                if step >= trainer.train_steps:
-                    return last_eval
+            lost = skipped_steps(last, new[0][0], trainer.checkpoint_every_steps)
+            behind = behind or bool(lost)
+            step, path = new[-1] if behind else new[0]  # once behind, the newest (checkpoints_iterator's way)
+            passed = sorted(set(lost) | {s for s, _ in new if s < step})
+            if passed:
+                out.progress(f"continuous evaluation: skipped step(s) {_steps(passed)}: it fell behind the trainer "
+                             f"(their checkpoints were pruned by Trainer.max_checkpoints, or newer ones waited); "
+                             f"evaluating step {step}, the newest")
+            metrics = self._evaluate(step, path)
+            if metrics is not None:
+                last_eval = metrics
+            else:
+                behind = True
+            last = step
+            if step >= trainer.train_steps:
+                return last_eval
             waited_since = time.monotonic()
 
-    def _say_skipped(self, last: int, first_new: int) -> None:
-        missed = skipped_steps(last, first_new, self.trainer.checkpoint_every_steps)
-        if missed:
-            shown = ", ".join(map(str, missed[:10])) + (f" and {len(missed) - 10} more" if len(missed) > 10 else "")
-            self.out.progress(f"continuous evaluation: skipped step(s) {shown}: their checkpoints were deleted by "
-                              "the trainer's pruning (Trainer.max_checkpoints) before they could be read")
-
     def _evaluate(self, step: int, path: str) -> Optional[Dict[str, float]]:
-        """Restores and evaluates the checkpoint of `step`; None if it is gone."""
+        """Pins, restores and evaluates the checkpoint of `step`; None if it is gone."""
         self.check_config()
-        cause = read_checkpoint(self.checkpoint, path)
-        if cause is not None:
-            if not os.path.exists(path + ".index"):
-                self.out.progress(f"continuous evaluation: skipped step {step}: its checkpoint was deleted by the "
-                                  "trainer's pruning (Trainer.max_checkpoints) while it was read")
-                return None
-            raise RunError(f"cannot read the checkpoint {path}: {cause}")
+        try:
+            pinned = pinned_checkpoint.pin(path, self.pins)
+        except pinned_checkpoint.Unpinnable:
+            pinned = path  # read in place: a pruning during the read is found below
+        if pinned is None:
+            self.out.progress(f"continuous evaluation: skipped step {step}: its checkpoint was deleted by the "
+                              "trainer's pruning (Trainer.max_checkpoints) before it was read")
+            return None
+        try:
+            cause = read_checkpoint(self.objects, pinned)
+            if cause is not None:
+                if not os.path.exists(pinned + ".index"):
+                    self.out.progress(f"continuous evaluation: skipped step {step}: its checkpoint was deleted by "
+                                      "the trainer's pruning (Trainer.max_checkpoints) while it was read")
+                    return None
+                raise RunError(f"cannot read the checkpoint {path}: {cause}")
+        finally:
+            if pinned != path:
+                pinned_checkpoint.release(pinned)
         if int(self.trainer.step.numpy()) != step:
             raise RunError(f"the checkpoint {path} holds step {int(self.trainer.step.numpy())}, not {step}.")
-        metrics = self.trainer.evaluator.evaluate(step)
-        self._record(step, metrics)
-        return metrics
+        results = self.trainer.evaluator.evaluate_all(step)
+        self._record(step, results)
+        return results.get(evaluator.MAIN, {})

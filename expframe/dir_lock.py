@@ -97,6 +97,48 @@ def is_held(path: str) -> bool:
         os.close(fd)
 
 
+def writer_held(model_dir: str) -> str:
+    """The one line refusing a second trainer of `model_dir` (its writer lock is held)."""
+    path = os.path.join(model_dir, WRITER)
+    return (f"{model_dir} is being trained by another process ({holder(path)}; it holds {path}): one "
+            "training run writes a model_dir at a time; wait for it to end, stop it, or use another --model_dir "
+            "(--mode=eval and --mode=continuous_eval read it beside the trainer).")
+
+
+def evaluator_held(model_dir: str) -> str:
+    """The one line refusing a second continuous evaluator of `model_dir`."""
+    path = os.path.join(model_dir, EVALUATOR)
+    return (f"another continuous evaluator ({holder(path)}) is evaluating {model_dir}; stop it first, or "
+            "evaluate another --model_dir.")
+
+
+def writer_wait_s(environ=os.environ) -> float:
+    """How long a trainer waits for the writer lock: a restarted job (the launcher's
+    restart, a Slurm requeue) waits for its predecessor to finish ending; a run started
+    by hand is refused at once."""
+    restarted = any(environ.get(name, "0") not in ("", "0")
+                    for name in ("EXPFRAME_LAUNCH_RESTARTS", "SLURM_RESTART_COUNT"))
+    return 60.0 if restarted else 0.0
+
+
+def is_chief_by_environment(environ=os.environ) -> bool:
+    """Whether this process is the chief of its run as its environment says, read without
+    TensorFlow: no cluster at all (`TF_CONFIG` unset, not a Slurm task other than the
+    first), TF_CONFIG's `chief` task, or its worker 0 where it names no chief. An
+    unreadable TF_CONFIG counts as not the chief (the replicator says why later)."""
+    import json  # pylint: disable=import-outside-toplevel
+    raw = environ.get("TF_CONFIG")
+    if not raw:
+        return environ.get("SLURM_PROCID", "0") == "0"
+    try:
+        config = json.loads(raw)
+        task, cluster = config.get("task") or {}, config.get("cluster") or {}
+        kind, index = task.get("type"), int(task.get("index", 0))
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return kind == "chief" or (kind == "worker" and index == 0 and "chief" not in cluster)
+
+
 def holder(path: str) -> str:
     """Who wrote the lock file last (`pid P on host H since T`), or 'unknown'."""
     try:

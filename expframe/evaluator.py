@@ -1,7 +1,15 @@
 """Evaluation: the task's `evaluate(runner)`, by default an exact masked pass over the
-eval split (every example once, at any batch and replica count)."""
+eval split (every example once, at any batch and replica count).
 
-from typing import Dict, Optional, Tuple
+Besides the run's own evaluation (`eval`, on the task's eval split: the run's eval
+curve), a task may declare named evaluations of other data (`Task.named_evals`: e.g.
+`eval_train`, the train split, bound as `ClassificationTask.evaluations`). Each runs the
+task's same evaluation on its own data, and is recorded under its own name: its own
+records in metrics.jsonl (`"split": "eval_train"`) and its own TensorBoard folder, never
+in the `eval` curve.
+"""
+
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -11,6 +19,7 @@ from expframe.errors import ConfigError, RunError
 from expframe.tasks.base import Task, check_step_output, contract_error
 
 _REAL = "_real_examples"
+MAIN = "eval"  # the run's own evaluation: its eval curve
 
 
 class Evaluator:
@@ -30,29 +39,60 @@ class Evaluator:
         self.eval_steps = eval_steps
         self._asynchronous = replicator.coordinator is not None
         self.step = 0  # the step being evaluated (see `evaluate`)
+        self._named = dict(task.named_evals())
+        self._input_fn = None  # a named evaluation's data while it runs (see `evaluate`)
         # Takes a plain iterator, so a new evaluation's iterator does not retrace it.
         self._eval_step = tf.function(self._eval_body)
 
-    def run(self, out, step: int) -> Dict[str, float]:
-        """Evaluates at `step`: logs the metrics and the chief writes the task's artefacts."""
-        metrics = self.evaluate(step)
-        self.record(out, step, metrics)
-        return metrics
+    def names(self) -> List[str]:
+        """The evaluations of a step: the run's own (`eval`), then the named ones as bound."""
+        return [MAIN, *self._named]
 
-    def evaluate(self, step: int) -> Dict[str, float]:
+    def check_names(self, names: Sequence[str], flag: str = "--evaluation") -> List[str]:
+        """`names` in `names()` order; ConfigError naming the flag for an unknown one."""
+        for name in names:
+            if name not in self.names():
+                raise ConfigError(f"{flag}={name!r}: this run's evaluations are {', '.join(self.names())} "
+                                  f"(named ones are bound as {type(self.task).__name__}.evaluations).")
+        return [n for n in self.names() if n in names]
+
+    def run(self, out, step: int) -> Dict[str, float]:
+        """Evaluates at `step` (every evaluation), records them (`record_all`); returns the
+        run's own evaluation's metrics."""
+        results = self.evaluate_all(step)
+        self.record_all(out, step, results)
+        return results.get(MAIN, {})
+
+    def evaluate(self, step: int, name: str = MAIN) -> Dict[str, float]:
         """The task's metrics of the state at `step` (`Task.evaluate(runner)`; `runner.step`
         is the step, for a task whose evaluation draws random numbers: D4PG seeds its
-        evaluation episodes from the run's seed and the step)."""
+        evaluation episodes from the run's seed and the step), on the eval split, or for
+        a named evaluation on its data."""
         self.step = int(step)
-        return self.task.evaluate(self) or {}
+        self._input_fn = None if name == MAIN else self._named[name]
+        try:
+            return self.task.evaluate(self) or {}
+        finally:
+            self._input_fn = None
+
+    def evaluate_all(self, step: int, names: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, float]]:
+        """{name: metrics} of the evaluations `names` (default all), in `names()` order."""
+        return {name: self.evaluate(step, name) for name in (self.names() if names is None else names)}
 
     def record(self, out, step: int, metrics: Dict[str, float]) -> None:
-        """Logs an evaluation's metrics (metrics.jsonl, TensorBoard, the progress line) and
-        the chief writes the task's artefacts (`Task.write_outputs`)."""
-        if metrics:
-            out.log_metrics(step, "eval", metrics)
-            out.progress("eval at step {}: {}".format(
-                step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())))
+        """Records the run's own evaluation (see `record_all`)."""
+        self.record_all(out, step, {MAIN: metrics})
+
+    def record_all(self, out, step: int, results: Dict[str, Dict[str, float]]) -> None:
+        """Logs a step's evaluations, each under its name (metrics.jsonl in one append,
+        TensorBoard, a progress line each), and the chief writes the task's artefacts
+        (`Task.write_outputs`)."""
+        results = {name: metrics for name, metrics in results.items() if metrics}
+        if results:
+            out.log_evaluations(step, results)
+        for name, metrics in results.items():
+            out.progress("{} at step {}: {}".format(
+                name, step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())))
         if self.replicator.is_chief:
             self.task.write_outputs(out.model_dir, step)
 
@@ -81,7 +121,7 @@ class Evaluator:
         rep = self.replicator
         workers = 1 if self._asynchronous else rep.num_workers
         ctx = tf.distribute.InputContext(workers, rep.worker_index, rep.num_replicas)
-        dataset = self.task.eval_input_fn(ctx)
+        dataset = (self._input_fn or self.task.eval_input_fn)(ctx)
         if dataset is None:
             return None
         full_pass = self.eval_steps is None

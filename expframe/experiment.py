@@ -23,7 +23,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from expframe import best_checkpoint, dir_lock, epochs, gin_errors, init_checkpoint, provenance, run_files
+from expframe import best_checkpoint, dir_lock, epochs, evaluator, gin_errors, init_checkpoint, provenance, run_files
 from expframe.checkpointer import checkpoints_in, read_checkpoint
 from expframe.continuous_eval import ContinuousEvaluator
 from expframe.errors import ConfigError, RunError
@@ -151,7 +151,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
                    init_checkpoint: Optional[str] = None, init_include: Optional[Sequence[str]] = None,
                    init_exclude: Sequence[str] = (), checkpoint: str = "latest",
                    export_dir: Optional[str] = None, export_precision: str = "float32",
-                   eval_timeout_s: float = 3600.0) -> dict:
+                   eval_timeout_s: float = 3600.0, evaluations: Sequence[str] = ()) -> dict:
     """Runs one experiment as configured by gin; returns the result dict.
 
     Args:
@@ -175,11 +175,16 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
       export_dir: for export: where the SavedModel goes (default model_dir/export/step_N).
       export_precision: for export: the Keras policy the exported model computes in.
       eval_timeout_s: for continuous_eval: stop after this long with no new checkpoint.
+      evaluations: for eval: the evaluations to run (`eval`, the run's own, or the names
+        the task binds, e.g. `eval_train`); empty: all of them (--evaluation).
     """
     if mode not in MODES:
         raise ConfigError(f"--mode={mode!r}: use one of {', '.join(MODES)}.")
     if not isinstance(seed, int):
         raise ConfigError(f"run_experiment.seed={seed!r} must be an integer.")
+    if evaluations and mode != "eval":
+        raise ConfigError(f"--evaluation={evaluations[0]} is for --mode=eval (--mode={mode} runs every evaluation "
+                          "the run binds); drop it or pass --mode=eval.")
     if mode != "export":  # found now, dry runs included: not after minutes of building
         run_files.check_writable(model_dir)
     keras.utils.set_random_seed(seed)
@@ -208,6 +213,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
         _gin_call(lambda: trainer.prepare(replicator, task, seed, deterministic))
 
         parsed_config = gin.config_str()
+        trainer.evaluator.check_names(evaluations)  # --evaluation: names the task binds
 
         def check_config() -> None:
             if not allow_config_change:
@@ -232,7 +238,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
         if mode == "export":
             return _export(trainer, model_dir, checkpoint, export_dir)
         if mode == "eval":
-            return _eval(trainer, replicator, out, checkpoint)
+            return _eval(trainer, replicator, out, checkpoint, evaluations)
         with cluster.lost_worker_is_a_run_error(replicator.num_workers, out.restore_dir):
             return _restore_and_train(trainer, replicator, out, model_dir, mode, config_text, parsed_config, init,
                                       allow_config_change)
@@ -248,24 +254,12 @@ def _initialise(trainer: Trainer, replicator: Replicator, source: str, include, 
 
 
 def _refuse_a_live_writer(model_dir: str) -> None:
-    path = os.path.join(model_dir, dir_lock.WRITER)
-    if dir_lock.is_held(path):
-        raise ConfigError(_held_message(model_dir, path))
-
-
-def _held_message(model_dir: str, path: str) -> str:
-    return (f"{model_dir} is being trained by another process ({dir_lock.holder(path)}; it holds {path}): one "
-            "training run writes a model_dir at a time; wait for it to end, stop it, or use another --model_dir "
-            "(--mode=eval and --mode=continuous_eval read it beside the trainer).")
+    if dir_lock.is_held(os.path.join(model_dir, dir_lock.WRITER)):
+        raise ConfigError(dir_lock.writer_held(model_dir))
 
 
 def _lock_wait_s() -> float:
-    """How long a trainer waits for the writer lock: a restarted job (the launcher's
-    restart, a Slurm requeue) waits for its predecessor to finish ending; a run started
-    by hand is refused at once."""
-    restarted = any(os.environ.get(name, "0") not in ("", "0")
-                    for name in ("EXPFRAME_LAUNCH_RESTARTS", "SLURM_RESTART_COUNT"))
-    return 60.0 if restarted else 0.0
+    return dir_lock.writer_wait_s()
 
 
 def _hold_the_writer_lock(out: RunFiles) -> Optional[dir_lock.Lock]:
@@ -277,7 +271,7 @@ def _hold_the_writer_lock(out: RunFiles) -> Optional[dir_lock.Lock]:
     path = os.path.join(out.model_dir, dir_lock.WRITER)
     lock = dir_lock.hold_waiting(path, _lock_wait_s(), out.progress)
     if lock is None:
-        raise ConfigError(_held_message(out.model_dir, path))
+        raise ConfigError(dir_lock.writer_held(out.model_dir))
     return lock
 
 
@@ -346,15 +340,18 @@ def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, 
 
 def _restore_chosen(trainer: Trainer, model_dir: str, checkpoint: str) -> int:
     path = _choose_checkpoint(model_dir, checkpoint)
-    cause = read_checkpoint(trainer.evaluation_checkpoint(), path)
+    cause = read_checkpoint(trainer.evaluation_objects(), path)
     if cause is not None:
         raise RunError(f"cannot read the checkpoint {path}: {cause}")
     return int(trainer.step.numpy())
 
 
-def _eval(trainer: Trainer, replicator: Replicator, out: RunFiles, checkpoint: str) -> dict:
-    """One evaluation of the chosen checkpoint, appended to metrics.jsonl (a reader: it
-    rewrites none of the trainer's files)."""
+def _eval(trainer: Trainer, replicator: Replicator, out: RunFiles, checkpoint: str,
+          evaluations: Sequence[str]) -> dict:
+    """On-demand evaluations of the chosen checkpoint (--mode=eval), recorded apart from the
+    run's curves (`RunFiles.log_on_demand`): a reader, it rewrites none of the trainer's
+    files and adds no record to a curve, so a curve keeps one record per step, in order."""
+    names = trainer.evaluator.check_names(evaluations) if evaluations else trainer.evaluator.names()
     if checkpoint == "latest":
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
         if step == 0:
@@ -362,11 +359,17 @@ def _eval(trainer: Trainer, replicator: Replicator, out: RunFiles, checkpoint: s
     else:
         step = _restore_chosen(trainer, out.shared_dir, checkpoint)
     out.start_reading()
-    out.log_provenance(step, provenance.record())
-    out.progress(f"resuming from step {step} ({out.checkpoint_dir}): evaluating on target '{replicator.target}', "
-                 f"{replicator.num_replicas} replica(s)")
+    out.progress(f"evaluating step {step} (--checkpoint={checkpoint}) on target '{replicator.target}', "
+                 f"{replicator.num_replicas} replica(s): {', '.join(names)}; recorded in "
+                 f"{out.metrics_path} as split '{run_files.ON_DEMAND}'")
+    started = time.time()
     try:
-        return {"eval": trainer.run_eval(out, step), "step": step, "wall_time_s": 0.0}
+        results = {name: m for name, m in trainer.evaluator.evaluate_all(step, names).items() if m}
+        out.log_on_demand(step, checkpoint, results)
+        for name, metrics in results.items():
+            out.progress("{} at step {}: {}".format(name, step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())))
+        return {"eval": results.get(evaluator.MAIN, {}), "evaluations": results, "step": step,
+                "wall_time_s": round(time.time() - started, 3)}
     finally:
         out.close()
 

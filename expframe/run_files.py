@@ -35,6 +35,7 @@ from expframe.atomic_files import write_text as atomic_write
 from expframe.errors import ConfigError, RunError
 
 PROVENANCE = "provenance"  # the split of metrics.jsonl's provenance records
+ON_DEMAND = "on_demand"  # the split of `--mode=eval`'s records: apart from the run's eval curves
 RESOLVED = "resolved.json"  # what 'auto' resolved to: {binding: value}
 SEGMENTS = "segments.json"  # each start's wall time: {"segments": [{"from_step", "to_step", "start", "end"}]}
 # Why a recorded choice can resolve differently on resume, by binding (else 'auto').
@@ -87,6 +88,12 @@ def check_resolved(model_dir: str, resolved: Dict[str, Any]) -> None:
                 f"{was!r} ('auto' measured differently: another machine, or a changed cache); bind {binding} = "
                 f"{was!r} and pass --allow_config_change to resume as it was trained, pass --allow_config_change "
                 f"to go on with {now!r}, or use a new --model_dir.")
+
+
+def is_evaluation(split: str) -> bool:
+    """Whether metrics.jsonl's `split` is one of a run's evaluation curves: its own (`eval`)
+    or a named evaluation of other data (`eval_<name>`, `Task.named_evals`)."""
+    return split == "eval" or split.startswith("eval_")
 
 
 def check_writable(model_dir: str) -> None:
@@ -250,7 +257,8 @@ class RunFiles:
                     continue
                 raise RunError(f"{self.metrics_path} line {number} is not a JSON metrics record "
                                f"({line[:60]!r}); fix or delete that line, then rerun.") from None
-            if record_step <= step or (record.get("split") == "eval" and not own_eval):
+            split = str(record.get("split", ""))
+            if record_step <= step or split == ON_DEMAND or (is_evaluation(split) and not own_eval):
                 kept.append(line + "\n")
         return "".join(kept)
 
@@ -258,18 +266,46 @@ class RunFiles:
         atomic_write(os.path.join(self.model_dir, "operative_config.gin"), text)
 
     def log_metrics(self, step: int, split: str, metrics: Dict[str, float]) -> None:
+        """One record of `split` at `step`: metrics.jsonl and TensorBoard (`<model_dir>/<split>/`)."""
+        self.log_evaluations(step, {split: metrics})
+
+    def log_evaluations(self, step: int, by_split: Dict[str, Dict[str, float]]) -> None:
+        """A record per split at `step`, appended to metrics.jsonl together (one write: a
+        crash never leaves some of a step's evaluations recorded and not the others),
+        then each split's TensorBoard scalars in its own folder."""
         if not self.is_chief:
             return
-        record = {"step": int(step), "split": split, **{k: float(v) for k, v in metrics.items()}}
+        records = [{"step": int(step), "split": split, **{k: float(v) for k, v in metrics.items()}}
+                   for split, metrics in by_split.items()]
         with disk_errors("the metrics", self.metrics_path, step, self.last_good):
-            metrics_file.append(self.metrics_path, [record])
-        writer = self._writers.get(split)
-        if writer is None:
-            writer = self._writers[split] = tf.summary.create_file_writer(os.path.join(self.model_dir, split))
-        with writer.as_default(step=int(step)):
-            for name, value in metrics.items():
-                tf.summary.scalar(name, value)
-        writer.flush()
+            metrics_file.append(self.metrics_path, records)
+        for split, metrics in by_split.items():
+            self._scalars(split, step, metrics)
+
+    def log_on_demand(self, step: int, checkpoint: str, by_evaluation: Dict[str, Dict[str, float]]) -> None:
+        """`--mode=eval`'s records, apart from the run's curves: one per evaluation, with
+        `"split": "on_demand"`, `"evaluation"` (its name: `eval` or `eval_<name>`) and
+        `"checkpoint"` (as --checkpoint named it), in metrics.jsonl; in TensorBoard under
+        `on_demand/`, tagged `<evaluation>/<metric>`. Evaluating a step again adds a record
+        and replaces none."""
+        if not self.is_chief:
+            return
+        records = [{"step": int(step), "split": ON_DEMAND, "evaluation": name, "checkpoint": str(checkpoint),
+                    **{k: float(v) for k, v in metrics.items()}} for name, metrics in by_evaluation.items()]
+        with disk_errors("the metrics", self.metrics_path, step, self.last_good):
+            metrics_file.append(self.metrics_path, records)
+        for name, metrics in by_evaluation.items():
+            self._scalars(ON_DEMAND, step, {f"{name}/{k}": v for k, v in metrics.items()})
+
+    def _scalars(self, folder: str, step: int, metrics: Dict[str, float]) -> None:
+        with disk_errors("the TensorBoard events", os.path.join(self.model_dir, folder), step, self.last_good):
+            writer = self._writers.get(folder)
+            if writer is None:
+                writer = self._writers[folder] = tf.summary.create_file_writer(os.path.join(self.model_dir, folder))
+            with writer.as_default(step=int(step)):
+                for name, value in metrics.items():
+                    tf.summary.scalar(name, value)
+            writer.flush()
 
     def log_provenance(self, step: int, record: Dict) -> None:
         """Appends `{"step": step, "split": "provenance", ...record}` to metrics.jsonl: what

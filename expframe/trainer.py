@@ -10,7 +10,7 @@ import math
 import os
 import signal
 import time
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import gin
 import tensorflow as tf
@@ -170,10 +170,11 @@ class Trainer:
             self.resolved_steps[f"Trainer.{name}_steps"] = steps
         self.profile_steps = _profile_window(self._profile_binding, self.train_steps)
 
-    def evaluation_checkpoint(self) -> tf.train.Checkpoint:
+    def evaluation_objects(self) -> Dict[str, Any]:
         """The step and the task's objects without the data position: what an evaluation
-        or an export restores (it needs neither the train input nor its place)."""
-        return tf.train.Checkpoint(step=self.step, **self.task.trackables())
+        or an export restores (it needs neither the train input nor its place), as the
+        children of a checkpoint's root (`checkpointer.read_checkpoint`)."""
+        return {"step": self.step, **self.task.trackables()}
 
     def restore(self, checkpoint_dir: str, read_dir: Optional[str] = None) -> int:
         """See `Checkpointer.restore`; returns the step to continue from."""

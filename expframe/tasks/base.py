@@ -24,6 +24,10 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
                           count (it checks that count equals the real examples).
   evaluate(runner)        optional override for evaluation that is not a sum over
                           batches (FID over generated samples, RL episode returns).
+  named_evals()           optional: {name: eval_input_fn} of evaluations of other data
+                          besides the run's own (e.g. 'eval_train': the train split),
+                          each recorded under its name (expframe/evaluator.py); the
+                          same `evaluate` runs on each, reading it through the runner.
   trackables()            dict of objects to checkpoint (models, optimizers, ...).
   train_examples()        optional: examples in one pass over the train split (None:
                           unknown or endless); what `Trainer.train_epochs` and the
@@ -49,7 +53,7 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
                           refused before the run starts.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import keras
 import tensorflow as tf
@@ -100,6 +104,13 @@ class Task:
     def evaluate(self, runner) -> Optional[Dict[str, float]]:
         """Default: sums of eval_step over `runner.eval_steps` batches, divided by count."""
         return runner.evaluate_by_steps()
+
+    def named_evals(self) -> Dict[str, Callable[[tf.distribute.InputContext], Optional[tf.data.Dataset]]]:
+        """Evaluations of other data besides the run's own: {name: eval_input_fn}, each
+        name `eval_<something>` (expframe/tasks/named_evals.py checks them). The evaluator
+        runs `evaluate(runner)` once per name with the runner reading that data, and
+        records it apart from the run's eval curve. Default: none."""
+        return {}
 
     def trackables(self) -> Dict[str, Any]:
         raise NotImplementedError

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import expframe as xf
 from expframe import schedules
+from expframe.tasks import named_evals
 from expframe.tasks.base import Task, model_losses
 
 
@@ -50,13 +51,18 @@ class ClassificationTask(Task):
         `reg_loss` (the model's losses, when it has some), `weight_decay_loss` (when
         this is set), and `loss`, their sum.
       train_split, eval_split: dataset splits.
+      evaluations: named evaluations of other data besides the run's own (on
+        eval_split), each recorded under its name: {'eval_train': 'train'} (a split),
+        {'eval_big': @big/shapes_input} (a dataset, on eval_split) or
+        {'eval_big': (@big/shapes_input, 'train')} (expframe/tasks/named_evals.py).
     """
 
     def __init__(self, model: Callable[[], keras.Model] = gin.REQUIRED,
                  dataset: Callable[..., tf.data.Dataset] = gin.REQUIRED,
                  optimizer: Callable[[], keras.optimizers.Optimizer] = gin.REQUIRED,
                  label_smoothing: float = 0.0, weight_decay: float = 0.0,
-                 train_split: str = "train", eval_split: Optional[str] = "test"):
+                 train_split: str = "train", eval_split: Optional[str] = "test",
+                 evaluations: Optional[Dict[str, Any]] = None):
         if not 0.0 <= label_smoothing < 1.0:
             raise xf.ConfigError(f"ClassificationTask.label_smoothing={label_smoothing!r} must be in [0, 1).")
         if weight_decay < 0:
@@ -65,6 +71,7 @@ class ClassificationTask(Task):
         self.label_smoothing = label_smoothing
         self.weight_decay = weight_decay
         self.train_split, self.eval_split = train_split, eval_split
+        self._named = named_evals.parse(f"{type(self).__name__}.evaluations", evaluations, dataset, eval_split)
 
     def build(self) -> None:
         self.model = self._model_fn()
@@ -107,6 +114,13 @@ class ClassificationTask(Task):
 
     def eval_input_fn(self, ctx):
         return None if self.eval_split is None else self._input(self.eval_split, ctx, training=False)
+
+    def named_evals(self):
+        """The bound `evaluations`, each an eval_input_fn of its dataset and split."""
+        def input_fn(dataset, split):
+            return lambda ctx: dataset(split=split, ctx=ctx, batch_size=ctx.get_per_replica_batch_size(
+                self.global_batch_size), training=False, seed=self.seed, deterministic=self.deterministic)
+        return {name: input_fn(*source) for name, source in self._named.items()}
 
     def _cross_entropy(self, labels, logits):
         onehot = tf.one_hot(labels, self.num_classes, dtype=logits.dtype)

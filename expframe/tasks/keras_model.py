@@ -54,6 +54,7 @@ import expframe as xf
 from expframe import schedules
 from expframe.errors import ConfigError
 from expframe.replicator import keras_hooks
+from expframe.tasks import named_evals
 from expframe.tasks.base import Task
 
 Keys = Union[str, Sequence[str]]
@@ -111,15 +112,18 @@ class KerasModelTask(Task):
       labels: for dict batches: the key of the targets, or a list of keys (one per output).
       sample_weight: for dict batches: the key of per-example weights, or None.
       train_split, eval_split: dataset splits (eval_split None: no evaluation).
+      evaluations: named evaluations of other data besides the run's own, as
+        `ClassificationTask.evaluations` binds them (expframe/tasks/named_evals.py).
     """
 
     def __init__(self, model: Callable[[], keras.Model] = gin.REQUIRED,
                  dataset: Callable[..., tf.data.Dataset] = gin.REQUIRED, features: Keys = "image",
                  labels: Keys = "label", sample_weight: Optional[str] = None, train_split: str = "train",
-                 eval_split: Optional[str] = "test"):
+                 eval_split: Optional[str] = "test", evaluations: Optional[Dict[str, Any]] = None):
         self._model_fn, self._dataset_fn = model, dataset
         self.features, self.labels, self.sample_weight = features, labels, sample_weight
         self.train_split, self.eval_split = train_split, eval_split
+        self._named = named_evals.parse("KerasModelTask.evaluations", evaluations, dataset, eval_split)
 
     # -- building ----------------------------------------------------------------------
 
@@ -184,9 +188,9 @@ class KerasModelTask(Task):
 
     # -- data --------------------------------------------------------------------------
 
-    def _input(self, split: str, ctx, batch_size: int, training: bool) -> tf.data.Dataset:
-        dataset = self._dataset_fn(split=split, ctx=ctx, batch_size=batch_size, training=training,
-                                   seed=self.seed, deterministic=self.deterministic)
+    def _input(self, split: str, ctx, batch_size: int, training: bool, dataset_fn=None) -> tf.data.Dataset:
+        dataset = (dataset_fn or self._dataset_fn)(split=split, ctx=ctx, batch_size=batch_size, training=training,
+                                                   seed=self.seed, deterministic=self.deterministic)
         if isinstance(dataset.element_spec, dict):
             return dataset
         if not isinstance(dataset.element_spec, tuple) or len(dataset.element_spec) not in (2, 3) or any(
@@ -203,6 +207,13 @@ class KerasModelTask(Task):
         if self.eval_split is None:
             return None
         return self._input(self.eval_split, ctx, ctx.get_per_replica_batch_size(self.global_batch_size), False)
+
+    def named_evals(self):
+        """The bound `evaluations`, each an eval_input_fn of its dataset and split."""
+        def input_fn(dataset, split):
+            return lambda ctx: self._input(split, ctx, ctx.get_per_replica_batch_size(self.global_batch_size), False,
+                                           dataset)
+        return {name: input_fn(*source) for name, source in self._named.items()}
 
     def _unpack(self, batch: Dict[str, tf.Tensor]):
         """(x, y, sample_weight) of a dict batch (tuples were turned into x/y/sample_weight)."""
