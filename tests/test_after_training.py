@@ -22,7 +22,8 @@ QUICKSTART = "experiments/quickstart.gin"
 # best one lives on in best/ whatever the trainer prunes. A profile of steps 3 and 4.
 SOURCE = mr.SMALL + mr.ONE_REPLICA + (
     "run_experiment.deterministic = True", "Trainer.eval_every_steps = 2", "Trainer.checkpoint_every_steps = 2",
-    "Trainer.max_checkpoints = 1", "Trainer.best_checkpoint = ('top1', 'max')", "Trainer.profile_steps = (3, 4)")
+    "Trainer.max_checkpoints = 1", "Trainer.best_checkpoint = ('top1', 'max')", "Trainer.profile_steps = (3, 4)",
+    "ClassificationTask.evaluations = {'eval_train': 'train'}")
 TWELVE = ("resnet.num_classes = 12", "run_experiment.init_checkpoint = '{source}'")
 
 
@@ -43,6 +44,15 @@ def _errors(done):
     return [line for line in done.stderr.splitlines() if line.startswith("error:")]
 
 
+def _scalar_steps(folder, tag):
+    """The steps of TensorBoard scalar `tag` in the event files of `folder`, in file order."""
+    steps = []
+    for path in sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            steps += [event.step for v in event.summary.value if v.tag == tag]
+    return steps
+
+
 # -- the best checkpoint ---------------------------------------------------------------
 
 def test_the_best_checkpoint_is_the_best_evaluation_and_outlives_pruning(source):
@@ -54,25 +64,46 @@ def test_the_best_checkpoint_is_the_best_evaluation_and_outlives_pruning(source)
     first_top = next(r for r in evals if r["top1"] == top)  # a tie keeps the earlier step
     assert (best["step"], best["metric"], best["mode"], best["value"]) == (first_top["step"], "top1", "max", top)
     assert best["eval"] == {k: v for k, v in first_top.items() if k not in ("step", "split")}
+    assert [r["step"] for r in mr.metrics(model_dir, "eval_train")] == [2, 4, 6]  # a named evaluation, apart
+    assert _scalar_steps(model_dir / "eval_train", "top1") == [2, 4, 6] and "eval_train at step 6: " in out
     assert sorted(os.listdir(model_dir / "best")) == ["best.json", f"ckpt-{best['step']}.data-00000-of-00001",
                                                       f"ckpt-{best['step']}.index"]
     assert [f for f in os.listdir(model_dir / "checkpoints") if f.endswith(".index")] == ["ckpt-6.index"]
     assert f"best checkpoint: step {best['step']}, top1" in out
 
 
-def test_eval_of_the_best_checkpoint_gives_its_recorded_numbers(source, data_dir, tmp_path):
+def test_an_on_demand_eval_of_an_older_checkpoint_is_recorded_apart_and_gives_its_numbers(
+        source, data_dir, tmp_path):
     model_dir = tmp_path / "copy"
     shutil.copytree(source[0], model_dir)
     best = json.loads((model_dir / "best" / "best.json").read_text())
+    curves = [(r["split"], r["step"]) for r in mr.metrics(model_dir) if r["split"].startswith("eval")]
     before = (model_dir / "config.gin").stat().st_mtime_ns
     done = mr.run([QUICKSTART], model_dir, data_dir, SOURCE, extra=["--mode=eval", "--checkpoint=best"])
     assert done.returncode == 0, done.stderr[-3000:]
-    record = mr.metrics(model_dir, "eval")[-1]
-    assert record["step"] == best["step"]
-    np.testing.assert_allclose([record[k] for k in sorted(best["eval"])],
+    assert f"evaluating step {best['step']} (--checkpoint=best)" in done.stdout and "resuming" not in done.stdout
+    records = mr.metrics(model_dir, "on_demand")
+    assert [(r["evaluation"], r["step"], r["checkpoint"]) for r in records] == [
+        ("eval", best["step"], "best"), ("eval_train", best["step"], "best")]
+    np.testing.assert_allclose([records[0][k] for k in sorted(best["eval"])],
                                [best["eval"][k] for k in sorted(best["eval"])], rtol=1e-6)
+    # The run's curves are untouched: one record per step, in order, in metrics.jsonl and TensorBoard.
+    assert [(r["split"], r["step"]) for r in mr.metrics(model_dir) if r["split"].startswith("eval")] == curves
+    assert [r["step"] for r in mr.metrics(model_dir, "eval")] == [2, 4, 6]
+    assert [r["step"] for r in mr.metrics(model_dir, "eval_train")] == [2, 4, 6]
+    assert _scalar_steps(model_dir / "eval", "top1") == [2, 4, 6]
+    assert _scalar_steps(model_dir / "eval_train", "top1") == [2, 4, 6]
+    assert _scalar_steps(model_dir / "on_demand", "eval_train/top1") == [best["step"]]
     assert (model_dir / "config.gin").stat().st_mtime_ns == before  # a reader rewrites nothing
-    assert len(mr.metrics(model_dir, "train")) == len(mr.metrics(source[0], "train"))
+    assert len(mr.metrics(model_dir, "provenance")) == len(mr.metrics(source[0], "provenance"))
+    # One evaluation by name; an unknown name is one line, exit 2.
+    one = mr.run([QUICKSTART], model_dir, data_dir, SOURCE, extra=["--mode=eval", "--evaluation=eval_train"])
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert [r["evaluation"] for r in mr.metrics(model_dir, "on_demand")][2:] == ["eval_train"]
+    bad = mr.run([QUICKSTART], model_dir, data_dir, SOURCE, extra=["--mode=eval", "--evaluation=eval_tran"])
+    assert bad.returncode == 2 and _errors(bad) == [
+        "error: --evaluation='eval_tran': this run's evaluations are eval, eval_train (named ones are bound as "
+        "ClassificationTask.evaluations)."], bad.stderr[-2000:]
 
 
 def test_rerunning_a_finished_run_writes_nothing_and_says_it_is_complete(source, data_dir, tmp_path):
@@ -191,16 +222,34 @@ def test_continuous_evaluation_beside_a_trainer_evaluates_each_checkpoint_once(d
     steps = [r["step"] for r in mr.metrics(model_dir, "eval")]
     assert steps == list(range(20, 201, 20)), steps
     assert "skipped" not in evaluated
-    # The same numbers as --mode=eval of that checkpoint (on a copy: eval appends a record).
-    copy = tmp_path / "copy"
-    shutil.copytree(model_dir, copy)
-    done = mr.run([QUICKSTART], copy, data_dir, BESIDE, extra=["--mode=eval", "--checkpoint=100"])
+    # The same numbers as --mode=eval of that checkpoint (recorded apart).
+    done = mr.run([QUICKSTART], model_dir, data_dir, BESIDE, extra=["--mode=eval", "--checkpoint=100"])
     assert done.returncode == 0, done.stderr[-3000:]
-    once, again = mr.metrics(model_dir, "eval")[4], mr.metrics(copy, "eval")[-1]
+    once, again = mr.metrics(model_dir, "eval")[4], mr.metrics(model_dir, "on_demand")[-1]
     assert once["step"] == again["step"] == 100
-    assert once == again
+    assert {k: v for k, v in once.items() if k != "split"} == {
+        k: v for k, v in again.items() if k not in ("split", "evaluation", "checkpoint")}
     # Every train record once: the trainer kept the evaluator's records and its own.
     assert [r["step"] for r in mr.metrics(model_dir, "train")] == list(range(20, 201, 20))
+
+
+def test_an_evaluator_slower_than_a_trainer_that_keeps_one_checkpoint_ends_at_its_final_step(data_dir, tmp_path):
+    """The pruning race for real (tests/test_continuous_eval_race.py forces it in one
+    process): a checkpoint every 2 steps, only the newest kept."""
+    model_dir = tmp_path / "run"
+    params = BESIDE + ("Trainer.train_steps = 40", "Trainer.steps_per_loop = 2", "Trainer.checkpoint_every_steps = 2",
+                       "Trainer.max_checkpoints = 1")
+    evaluator = mr.start([QUICKSTART], model_dir, data_dir, params, extra=["--mode=continuous_eval",
+                                                                            "--eval_timeout_s=300"])
+    trained = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
+    evaluated, _ = evaluator.communicate(timeout=400)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert evaluator.returncode == 0, evaluated[-3000:]
+    steps = [r["step"] for r in mr.metrics(model_dir, "eval")]
+    assert steps == sorted(set(steps)) and steps[-1] == 40, steps
+    skips = [line for line in evaluated.splitlines() if "skipped" in line]
+    assert all(line.startswith("continuous evaluation: skipped step") for line in skips), skips
+    assert not os.path.exists(model_dir / ".evaluating")
 
 
 def test_an_evaluator_without_checkpoints_stops_after_its_timeout(data_dir, tmp_path):

@@ -109,7 +109,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(data_dir, tmp_path):
     assert not (model_dir / "result.json").exists()
     rerun = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=eval"])
     assert rerun.returncode == 0, rerun.stderr
-    assert f"resuming from step {step}" in rerun.stdout
+    assert f"evaluating step {step} (--checkpoint=latest)" in rerun.stdout
 
 
 def test_nan_loss_exits_1_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
