@@ -63,8 +63,12 @@ def hold(path: str) -> Optional[Lock]:
         raise ConfigError(f"cannot lock {path} ({e.strerror or e}): its filesystem does not support flock (on "
                           "Lustre mount it with -o flock); use a --model_dir on a filesystem that does.") from None
     since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    os.ftruncate(fd, 0)
-    os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {since}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {since}\n".encode())
+    except OSError:  # a full disk: the caller says so in one line
+        os.close(fd)
+        raise
     return Lock(path, fd)
 
 

@@ -290,7 +290,7 @@ def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, 
     It holds the model_dir's writer lock from before its first write to its end. A finished
     run is left as it is, unless its configuration may change (allow_config_change): then
     it runs its end again (the final evaluation and result.json, with the new settings)."""
-    lock = None
+    lock, fresh = None, out.is_chief and not os.path.exists(model_dir)
     try:  # a checkpoint or metrics file that cannot be read fails here, before anything is written
         restore_started = time.monotonic()
         step = trainer.restore(out.checkpoint_dir, out.restore_dir)
@@ -305,19 +305,22 @@ def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, 
             _initialise(trainer, replicator, *init)
         if step < trainer.train_steps:
             trainer.trace()  # errors found only while tracing the step also leave the model_dir untouched
-        lock = _hold_the_writer_lock(out)
+        with run_files.disk_errors("the writer lock", model_dir, step):
+            lock = _hold_the_writer_lock(out)
         newest = checkpoints_in(out.restore_dir)[:1] if os.path.isdir(out.restore_dir) else []
         if lock is not None and newest and newest[0][0] != step:  # the last holder saved more meanwhile
             step = trainer.restore(out.checkpoint_dir, out.restore_dir)
         resolved = {**run_files.resolved_choices(replicator), **trainer.resolved_steps}
         out.start(config_text, step, parsed_config, resolved, own_eval=(mode == "train_and_eval"))
+        started = provenance.record()
+        out.log_provenance(step, started)  # every start: commit, versions, machine, load
     except BaseException:
         out.close()  # a non-chief worker's private directory
+        if fresh:  # a start that failed (a full disk, a signal) leaves no new run behind
+            run_files.remove_start(model_dir)
         if lock is not None:
             lock.release()
         raise
-    started = provenance.record()
-    out.log_provenance(step, started)  # every start: commit, versions, machine, load
     if step:
         out.progress(f"resuming from step {step} ({out.checkpoint_dir}; restored in {restore_s:.2f} s)")
     out.progress(f"model_dir {model_dir}: target '{replicator.target}', {replicator.num_replicas} replica(s), "

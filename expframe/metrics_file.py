@@ -53,10 +53,16 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def append(path: str, records: List[Dict]) -> None:
-    """Appends `records`, one JSON object per line, as one write under the lock."""
+    """Appends `records`, one JSON object per line, as one write under the lock: all of
+    them or none (a write cut short by a full disk is cut back off before the error)."""
     data = "".join(json.dumps(record) + "\n" for record in records).encode("utf-8")
     with locked(path) as fd:
-        _write_all(fd, data)
+        size = os.fstat(fd).st_size
+        try:
+            _write_all(fd, data)
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
 
 
 def sync(path: str) -> None:

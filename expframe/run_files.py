@@ -137,6 +137,27 @@ def disk_errors(what: str, path: str, step: int, last_good: Optional[str] = None
                        "resume.") from None
 
 
+START_FILES = ("config.gin", "parsed_config.gin", RESOLVED, "metrics.jsonl", ".writer.lock")
+
+
+def remove_start(model_dir: str) -> None:
+    """Removes what the start of a new run wrote into `model_dir` (`START_FILES`, a
+    TensorBoard folder without events) and the folder itself if that leaves it empty: a
+    start that failed before its first step leaves nothing behind."""
+    for name in START_FILES:
+        try:
+            os.remove(os.path.join(model_dir, name))
+        except FileNotFoundError:
+            pass
+    for entry in (os.listdir(model_dir) if os.path.isdir(model_dir) else []):
+        if entry.startswith(".tmp_"):
+            os.remove(os.path.join(model_dir, entry))
+    try:
+        os.rmdir(model_dir)
+    except OSError:
+        pass
+
+
 class RunFiles:
     """config.gin, operative_config.gin, metrics.jsonl, TensorBoard, result.json, checkpoints/."""
 
@@ -171,15 +192,16 @@ class RunFiles:
         provenance records, and its eval records when this trainer evaluates
         (`own_eval`); the eval records of a continuous evaluator are kept."""
         self._metrics_up_to(resumed_step, own_eval, self._metrics_text())  # refuses a bad file before writing
-        os.makedirs(self.model_dir, exist_ok=True)
-        atomic_write(os.path.join(self.model_dir, "config.gin"), config_text)
-        if parsed_config is not None:
-            atomic_write(os.path.join(self.model_dir, "parsed_config.gin"), parsed_config)
-        if resolved is not None:
-            write_json(os.path.join(self.model_dir, RESOLVED), resolved)
-        if os.path.exists(self.metrics_path):
-            metrics_file.rewrite(self.metrics_path,
-                                 lambda text: self._metrics_up_to(resumed_step, own_eval, text, quiet=True))
+        with disk_errors("the run's files", self.model_dir, resumed_step, self.last_good):  # each whole or not at all
+            os.makedirs(self.model_dir, exist_ok=True)
+            atomic_write(os.path.join(self.model_dir, "config.gin"), config_text)
+            if parsed_config is not None:
+                atomic_write(os.path.join(self.model_dir, "parsed_config.gin"), parsed_config)
+            if resolved is not None:
+                write_json(os.path.join(self.model_dir, RESOLVED), resolved)
+            if os.path.exists(self.metrics_path):
+                metrics_file.rewrite(self.metrics_path,
+                                     lambda text: self._metrics_up_to(resumed_step, own_eval, text, quiet=True))
         self._segments = self._earlier_segments() if resumed_step else []
         self._segment = {"from_step": int(resumed_step), "to_step": int(resumed_step), "start": time.time(),
                          "end": time.time()}
@@ -203,7 +225,8 @@ class RunFiles:
             return
         self._segment.update(to_step=int(step), end=time.time())
         if self.is_chief:
-            write_json(os.path.join(self.model_dir, SEGMENTS), {"segments": self._segments + [self._segment]})
+            with disk_errors("segments.json", self.model_dir, step, self.last_good):
+                write_json(os.path.join(self.model_dir, SEGMENTS), {"segments": self._segments + [self._segment]})
 
     def finish_segment(self, step: int) -> Dict[str, float]:
         """Ends this start's segment at `step` (recorded as `record_segment` does) and returns
@@ -262,8 +285,9 @@ class RunFiles:
                 kept.append(line + "\n")
         return "".join(kept)
 
-    def write_operative_config(self, text: str) -> None:
-        atomic_write(os.path.join(self.model_dir, "operative_config.gin"), text)
+    def write_operative_config(self, text: str, step: int = 0) -> None:
+        with disk_errors("operative_config.gin", self.model_dir, step, self.last_good):
+            atomic_write(os.path.join(self.model_dir, "operative_config.gin"), text)
 
     def log_metrics(self, step: int, split: str, metrics: Dict[str, float]) -> None:
         """One record of `split` at `step`: metrics.jsonl and TensorBoard (`<model_dir>/<split>/`)."""
@@ -315,7 +339,8 @@ class RunFiles:
         it is not a TensorBoard scalar."""
         if not self.is_chief:
             return
-        metrics_file.append(self.metrics_path, [{"step": int(step), "split": PROVENANCE, **record}])
+        with disk_errors("the provenance record", self.metrics_path, step, self.last_good):
+            metrics_file.append(self.metrics_path, [{"step": int(step), "split": PROVENANCE, **record}])
 
     def sync_metrics(self, step: int) -> None:
         """fsyncs metrics.jsonl (at every checkpoint: no gap behind a saved checkpoint)."""
@@ -329,7 +354,8 @@ class RunFiles:
 
     def write_result(self, result: Dict) -> None:
         if self.is_chief:
-            write_json(os.path.join(self.model_dir, "result.json"), result)
+            with disk_errors("result.json", self.model_dir, result.get("step", 0), self.last_good):
+                write_json(os.path.join(self.model_dir, "result.json"), result)
 
     def close(self) -> None:
         for writer in self._writers.values():

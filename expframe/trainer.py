@@ -271,7 +271,7 @@ class Trainer:
                         f"loss is {metrics['loss']} at step {step}; stopped. The last good checkpoint "
                         f"in {out.checkpoint_dir} is intact (lower the learning rate, or check the data).")
                 if not wrote_operative:
-                    out.write_operative_config(gin.operative_config_str())
+                    out.write_operative_config(gin.operative_config_str(), step)
                     wrote_operative = True
                 if step % self.log_every_steps == 0 or step == self.train_steps:
                     self._log(out, step, metrics, chrono.lap())
@@ -293,7 +293,7 @@ class Trainer:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         if not wrote_operative:
-            out.write_operative_config(gin.operative_config_str())
+            out.write_operative_config(gin.operative_config_str(), step)
         return {"eval": last_eval, "step": step, "wall_time_s": time.time() - started}
 
     def _save(self, out: "run_files.RunFiles", step: int) -> None:

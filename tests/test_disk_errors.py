@@ -80,3 +80,34 @@ def test_an_unwritable_model_dir_is_one_line_and_exit_2(data_dir, tmp_path, extr
     assert _errors(done) == [f"error: --model_dir={parent / 'run'} cannot be written (Operation not permitted in "
                              f"{parent}); fix its permissions or mount, or choose another --model_dir."]
     assert os.listdir(parent) == []
+
+
+def test_a_full_disk_at_start_up_is_one_line_and_leaves_nothing(data_dir, tmp_path):
+    """At 0, 4 and 16 KB free the start fails at the writer lock's owner line, the run's
+    files and the first metrics record: each one line, exit 1, no traceback, and the new
+    model_dir is gone; once space is freed the same command trains."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "256k"):
+        pytest.skip("cannot mount a tmpfs here (needs root): the full-disk case runs where it can")
+    model_dir = disk / "run"
+    params = PARAMS + ("Trainer.checkpoint_every_steps = 4", "Trainer.eval_every_steps = None")
+    try:
+        failed_at = []
+        for free_kb in (0, 4, 16):
+            (disk / "filler").write_bytes(b"")
+            used = sum(os.path.getsize(disk / f) for f in os.listdir(disk))
+            (disk / "filler").write_bytes(b"\0" * (256 * 1024 - free_kb * 1024 - used))
+            done = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
+            assert done.returncode == 1, (free_kb, done.stdout[-2000:] + done.stderr[-2000:])
+            assert len(_errors(done)) == 1 and "Traceback" not in done.stderr, (free_kb, done.stderr[-3000:])
+            assert _errors(done)[0].startswith("error: no space left on the device: writing "), _errors(done)
+            failed_at.append(_errors(done)[0].split("writing ")[1].split(" of step")[0])
+            assert sorted(os.listdir(disk)) == ["filler"], (free_kb, os.listdir(disk))
+        assert failed_at == ["the writer lock", "the run's files", "the provenance record"]
+        (disk / "filler").unlink()
+        subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)
+        done = mr.run([QUICKSTART], model_dir, data_dir, params, extra=["--mode=train"])
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert [r["step"] for r in mr.metrics(model_dir, "train")] == [2, 4, 6]
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
