@@ -1,12 +1,13 @@
 """The study in TensorBoard's HParams dashboard (expframe/sweep/hparams.py), from runs of the
 fake main.py: what the event files hold, read back as TensorBoard reads them."""
 
+import datetime
 import glob
 import os
 
 import pytest
 from tensorboard.backend.event_processing import plugin_event_multiplexer
-from tensorboard.plugins.hparams import metadata
+from tensorboard.plugins.hparams import api_pb2, metadata
 from tensorboard.util import tensor_util
 
 from expframe.sweep import hparams, runner, spec, summary
@@ -72,6 +73,26 @@ def test_each_run_is_a_session_with_its_swept_values_and_final_metrics(study_roo
     assert failed["status"] == "failed" and "eval_top1" not in failed  # a session without eval metrics
 
 
+def test_each_session_says_how_and_when_it_ended(study_root):
+    study, root, rows, pending = study_root
+    content, _ = _read(root)
+    by_run = {row["run"]: row for row in rows}
+    statuses = {}
+    for run in study.runs():
+        if run.name in pending:
+            continue
+        tags = content[f"{run.name}/{hparams.DIR}"]
+        start = metadata.parse_session_start_info_plugin_data(tags[metadata.SESSION_START_INFO_TAG])
+        end = metadata.parse_session_end_info_plugin_data(tags[metadata.SESSION_END_INFO_TAG])
+        statuses[by_run[run.name]["status"]] = api_pb2.Status.Name(end.status)
+        record = runner.read_record(root, run.name)["attempts"]
+        assert start.start_time_secs == pytest.approx(
+            datetime.datetime.fromisoformat(record[0]["started"]).timestamp())
+        assert end.end_time_secs == pytest.approx(start.start_time_secs + record[-1]["wall_time_s"])
+        assert end.end_time_secs >= start.start_time_secs > 0
+    assert statuses == {"ok": "STATUS_SUCCESS", "failed": "STATUS_FAILURE"}
+
+
 def test_the_experiment_names_every_swept_binding_and_metric(study_root):
     study, root, _, _ = study_root
     content, _ = _read(root)
@@ -85,6 +106,7 @@ def test_the_experiment_names_every_swept_binding_and_metric(study_root):
     assert sorted(domains[SIZE]) == ["(32, 32)", "(32, 32, 3)", "64"]  # mixed types: every value as its text
     assert [m.name.tag for m in experiment.metric_infos] == ["eval_loss", "eval_top1", "examples_per_sec"]
     assert all(m.name.group == "" for m in experiment.metric_infos)  # in the session's own folder
+    assert all(h.differs for h in experiment.hparam_infos)  # every swept binding takes several values
 
 
 def test_summarising_again_rewrites_without_piling_up_event_files(study_root):
