@@ -82,6 +82,7 @@ def test_an_on_demand_eval_of_an_older_checkpoint_is_recorded_apart_and_gives_it
     done = mr.run([QUICKSTART], model_dir, data_dir, SOURCE, extra=["--mode=eval", "--checkpoint=best"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"evaluating step {best['step']} (--checkpoint=best)" in done.stdout and "resuming" not in done.stdout
+    assert "Using custom data configuration" not in done.stdout + done.stderr  # TFDS's notice of shapes' config
     records = mr.metrics(model_dir, "on_demand")
     assert [(r["evaluation"], r["step"], r["checkpoint"]) for r in records] == [
         ("eval", best["step"], "best"), ("eval_train", best["step"], "best")]
@@ -250,6 +251,7 @@ def test_an_evaluator_slower_than_a_trainer_that_keeps_one_checkpoint_ends_at_it
     skips = [line for line in evaluated.splitlines() if "skipped" in line]
     assert all(line.startswith("continuous evaluation: skipped step") for line in skips), skips
     assert not os.path.exists(model_dir / ".evaluating")
+    assert "Using custom data configuration" not in evaluated + trained.stderr
 
 
 def test_an_evaluator_without_checkpoints_stops_after_its_timeout(data_dir, tmp_path):

@@ -60,6 +60,9 @@ def _two_runs_at_once(tmp_path, gin_file, params):
     for proc, output in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, output[-3000:]
         assert "act in lockstep with the learner" in output, output[-2000:]
+        # The actor processes' TensorFlow start-up notices stay out of the learner's output.
+        assert not [line for line in output.splitlines() if "cuInit" in line or "absl::InitializeLog" in line
+                    or "cpu_feature_guard" in line], output[-3000:]
     return dirs
 
 
@@ -75,6 +78,9 @@ def _assert_same(first, second, actors):
     # Every chunk after the first host call was acted with weights exactly one call old.
     assert last["max_weights_version_lag"] == 10 and last["weight_lag_9to16"] > 0
     assert last["replay_size"] > 50 and any("train_episode_return" in r for r in records)
+    # The actor processes' episodes are counted (each reported with its return).
+    episodes = [r["episodes"] for r in records if r["split"] == "train"]
+    assert episodes == sorted(episodes) and episodes[-1] >= 2 * actors, episodes
     tensors, tensors_again = _tensors(first), _tensors(second)
     assert tensors.keys() == tensors_again.keys() and len(tensors) > 20
     for name, value in tensors.items():

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import os
 import time
 import warnings
@@ -87,6 +88,21 @@ if not all(callable(getattr(tfds.core.DatasetBuilder, name, None)) for name in _
     warnings.warn(f"expframe.data.shapes: tensorflow-datasets {tfds.__version__} has no DatasetBuilder."
                   f"{' or '.join(_TFDS_MESSAGES)} (tensorflow-datasets 4.9 has): building shapes may print TFDS's "
                   "'Downloading and preparing dataset' line, though nothing is downloaded.", stacklevel=1)
+
+
+class _CustomConfigNotice(logging.Filter):
+    """Drops TFDS's "Using custom data configuration: ShapesConfig(...)" warning, which it
+    logs each time a builder is made with a config it does not list: every `shapes` load
+    of a size or split count other than the two listed (the tests', the shrunk
+    quickstarts'), once per run and once more per evaluation. The config is ours and
+    meant: the line only buried the run's own output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage().startswith("Using custom data configuration: ")
+                    and "ShapesConfig(" in record.getMessage())
+
+
+logging.getLogger("absl").addFilter(_CustomConfigNotice())
 
 
 def _half_planes(u: np.ndarray, v: np.ndarray, n: int, dist: float) -> np.ndarray:

@@ -228,7 +228,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     import gin  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from expframe import tf_noise  # pylint: disable=import-outside-toplevel
+
+    # TensorFlow's start-up notices (CUDA probing, absl's banner) stay out of the learner's
+    # output, as main.py keeps them out of its own; the learner's --tf_logs shows them.
+    with tf_noise.quiet_start(enabled=os.environ.get("TF_CPP_MIN_LOG_LEVEL") != "0"):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        tf.config.list_physical_devices()
 
     from expframe.rl.actors import PolicyExecutor, SynchronousActor, actor_seeds  # pylint: disable=import-outside-toplevel
     from expframe.rl.experience import actor_buffer, observation_spec  # noqa: E501  pylint: disable=import-outside-toplevel

@@ -294,6 +294,7 @@ class D4PGTask(ObservationNetworks, Task):
         self._learner_time, self._learner_steps_timed, self._call_started = 0.0, 0, None
         self._timed_calls = 0
         self._recent_returns = []
+        self._remote_episodes = 0  # episodes the actor processes finished (reported with their returns)
         # Weight lag (learner steps) -> transitions inserted at it, since the run started (acting
         # in this process: restored from the checkpoint) or this process did (actor processes):
         # the trainer logs the metrics of the host call that ends a log interval only, so
@@ -545,7 +546,14 @@ class D4PGTask(ObservationNetworks, Task):
         self._learner_wait_s += time.perf_counter() - started
         if self._remote_started is None:
             self._remote_started = (time.perf_counter(), self.replay.inserted)
-        self._recent_returns.extend(pool.service.take_returns())
+        self._take_remote_returns(pool)
+
+    def _take_remote_returns(self, pool) -> None:
+        """The returns of the episodes the actor processes finished since the last call:
+        kept for `train_episode_return` and counted for `episodes`."""
+        returns = pool.service.take_returns()
+        self._remote_episodes += len(returns)
+        self._recent_returns.extend(returns)
 
     def _rounds_due(self, learner_steps: int) -> int:
         """(Lockstep) rounds of actor chunks (one chunk of `weights_every` environment steps
@@ -578,7 +586,7 @@ class D4PGTask(ObservationNetworks, Task):
         self._learner_wait_s += time.perf_counter() - started
         if self._remote_started is None:
             self._remote_started = (time.perf_counter(), self.replay.inserted)
-        self._recent_returns.extend(pool.service.take_returns())
+        self._take_remote_returns(pool)
 
     def _remote_metrics(self, step: int) -> Dict[str, float]:
         service = self.actor_pool.service
@@ -586,7 +594,7 @@ class D4PGTask(ObservationNetworks, Task):
         learned = step * self.global_batch_size
         self._lags.update(service.take_lags())
         # env_steps: transitions the actors sent (the synchronous actor does not act here).
-        return {"env_steps": float(self.replay.inserted),
+        return {"env_steps": float(self.replay.inserted), "episodes": float(self._remote_episodes),
                 "transitions_per_sec": (self.replay.inserted - inserted) / max(time.perf_counter() - since, 1e-9),
                 "learner_wait_s": self._learner_wait_s, "actor_refused_inserts": float(service.refused),
                 "actors_alive": float(self.actor_pool.alive), "actor_restarts": float(self.actor_pool.restarts),
@@ -659,6 +667,8 @@ class D4PGTask(ObservationNetworks, Task):
         arrays["lags"] = np.array(sorted(self._lags.items()), np.int64).reshape(-1, 2)
         if self._lockstep:
             arrays.update(self._lockstep_arrays())
+        if self.num_actors:
+            arrays[REMOTE_EPISODES] = np.array(self._remote_episodes, np.int64)
         return arrays
 
     def _lockstep_arrays(self) -> Dict[str, np.ndarray]:
@@ -674,7 +684,7 @@ class D4PGTask(ObservationNetworks, Task):
             arrays = pool.service.lockstep.snapshot()
             arrays[LOCKSTEP_MAX_LAG] = np.array(pool.service.max_version_lag, np.int64)
         # Returns of episodes taken but not logged yet (a stop while waiting for the actors).
-        self._recent_returns.extend(pool.service.take_returns())
+        self._take_remote_returns(pool)
         arrays[LOCKSTEP_RETURNS] = np.array(self._recent_returns, np.float64)
         arrays[LOCKSTEP_OFFSET] = np.array(self._insert_offset, np.int64)
         arrays["lags"] = np.array(sorted(self._lags.items()), np.int64).reshape(-1, 2)
@@ -694,6 +704,7 @@ class D4PGTask(ObservationNetworks, Task):
         self.replay.restore({k[len("replay/"):]: v for k, v in arrays.items() if k.startswith("replay/")})
         continued = self.actor.restore({k[len("actor/"):]: v for k, v in arrays.items() if k.startswith("actor/")})
         if self.num_actors:
+            self._remote_episodes = int(arrays.get(REMOTE_EPISODES, 0))  # 0: a checkpoint older than the count
             if self._lockstep and LOCKSTEP_OFFSET in arrays:
                 self._lockstep_resume = {k: v for k, v in arrays.items() if k.startswith("lockstep/")}
                 self._lags = collections.Counter({int(lag): int(count) for lag, count in arrays["lags"]})
@@ -759,6 +770,7 @@ def acting_parts(environment_seed: int):
 # runs add `lockstep/...` (expframe.rl.lockstep.Lockstep.snapshot, the offset and largest lag).
 ACTING_STATE_FORMAT = 2
 LOCKSTEP_OFFSET = "lockstep/insert_offset"
+REMOTE_EPISODES = "remote_episodes"  # episodes the actor processes finished, for the `episodes` metric
 LOCKSTEP_MAX_LAG = "lockstep/max_version_lag"
 LOCKSTEP_RETURNS = "lockstep/episode_returns"
 
