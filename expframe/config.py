@@ -12,6 +12,7 @@ the TF/Keras symbols are registered here under the module names users type
 
 import contextlib
 import os
+import re
 from typing import List, Optional, Sequence
 
 import gin
@@ -71,6 +72,20 @@ def register_symbols() -> None:
     import expframe.tasks.mesh_classification  # noqa: F401
 
 
+def _include_place(including: str, path: str) -> str:
+    """`file:line` of the include statement of `path` in the gin file `including` (the
+    first such line), or the file alone if it cannot be found."""
+    statement = re.compile(r"^\s*include\s+(['\"])" + re.escape(path) + r"\1")
+    try:
+        with open(including, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if statement.match(line):
+                    return f"{including}:{number}"
+    except OSError:
+        pass
+    return including
+
+
 class _GinFiles:
     """Gin's file reader for expframe (registered first): finds each file and include as
     `expframe.gin_paths` says, and puts the folder of a gin file that imports Python
@@ -86,7 +101,9 @@ class _GinFiles:
     @contextlib.contextmanager
     def open(self, path: str):
         if self.stack:
-            resolved = gin_paths.resolve(path, self.stack[-1])
+            including = self.stack[-1]
+            resolved = gin_paths.resolve(path, including,
+                                         what=f"include '{path}' in {_include_place(including, path)}")
         else:  # an absolute --gin_file (parse resolved it), or an include in a --gin_param
             resolved = gin_paths.resolve(path, what=f"include '{path}' in --gin_param")
         with open(resolved, encoding="utf-8") as f:

@@ -73,13 +73,13 @@ def test_missing_files_and_syntax_errors_name_the_file_and_line(elsewhere):
     (elsewhere / "bad.gin").write_text("Trainer.train_steps = 3\nTrainer.global_batch_size = = 4\n")
     (elsewhere / "open.gin").write_text("Trainer.train_steps = [1,\n")
     (elsewhere / "outer.gin").write_text("# comment\ninclude 'bad.gin'\n")
-    (elsewhere / "lost.gin").write_text("include 'nowhere.gin'\n")
+    (elsewhere / "lost.gin").write_text("# the include is on line 3\nTrainer.train_steps = 3\ninclude 'nowhere.gin'\n")
     bad = str(elsewhere / "bad.gin")
     cases = [
         (["bad.gin"], f"{bad}:2: gin syntax error: Unable to parse value in `Trainer.global_batch_size = = 4`"),
         (["outer.gin"], f"{bad}:2: gin syntax error"),
         (["open.gin"], f"{elsewhere / 'open.gin'}:2: gin syntax error: EOF in multi-line statement"),
-        (["lost.gin"], f"include 'nowhere.gin' in {elsewhere / 'lost.gin'}: no such file (looked in {elsewhere}"),
+        (["lost.gin"], f"include 'nowhere.gin' in {elsewhere / 'lost.gin'}:3: no such file (looked in {elsewhere}"),
         (["no_such"], "--gin_file=no_such: no such file (looked in the working directory"),
     ]
     for files, expected in cases:
