@@ -17,11 +17,13 @@ mixes with another; one that exists empty is replaced. Variables laid out on a D
 mesh are refused: a SavedModel of them loads only on that mesh (`No OpKernel ...
 Relayout`); a mesh task serves unsharded copies (`MeshClassificationTask.serving`).
 
-What an export reads from a checkpoint (`restorable`): the task's trackables but its
-optimizers, whose state serves nothing and depends on the precision (under
-`--export_precision=mixed_float16`, `wrap_optimizer` adds dynamic loss scaling: a scale,
-a step count, and a gradient accumulator per variable that a float32 run's checkpoint
-does not hold).
+What an export reads from a checkpoint (`restorable`): the task's trackables but their
+optimizers, whose state serves nothing and depends on the precision. Under
+`--export_precision=mixed_float16`, `wrap_optimizer` adds dynamic loss scaling (a scale,
+a count of good steps, and, as the update is deferred, a gradient accumulator per
+variable and a micro-step count) and Keras' `compile` wraps a model's optimizer in a
+`LossScaleOptimizer`: state that a float32 or bfloat16 run's checkpoint does not hold,
+and the other way round.
 
 Example:
     from expframe import export
@@ -53,10 +55,29 @@ ConcreteFunctions = Dict[str, tf.types.experimental.ConcreteFunction]
 
 
 def restorable(task: Task, step: tf.Variable) -> tf.train.Checkpoint:
-    """What an export reads from a checkpoint: `step` and the task's trackables but its
-    optimizers (module docstring). Every object of it must be in the checkpoint."""
-    kept = {name: value for name, value in task.trackables().items() if not isinstance(value, _OPTIMIZERS)}
-    return tf.train.Checkpoint(step=step, **kept)
+    """What an export reads from a checkpoint: `step` and the task's trackables, less their
+    optimizers wherever they are (a compiled Keras model holds its own). Every object of it
+    must be in the checkpoint; an optimizer's state need not (module docstring).
+
+    Objects that hold an optimizer are stood in for by containers (`tf.train.Checkpoint`s)
+    of their other children, under the same names, so the rest matches the checkpoint's
+    object graph as before."""
+    root = tf.train.Checkpoint(step=step, **task.trackables())
+    return _without_optimizers(root, tf.train.TrackableView(root), {})
+
+
+def _without_optimizers(obj: Any, view: tf.train.TrackableView, memo: Dict[int, Any]) -> Any:
+    """`obj` itself when no optimizer is among its descendants, else a container of its
+    children (each likewise) but the optimizers. Shared objects keep one stand-in."""
+    if id(obj) in memo:
+        return memo[id(obj)]
+    memo[id(obj)] = obj  # a cycle back to it keeps the object
+    children = view.children(obj)
+    kept = {name: _without_optimizers(child, view, memo) for name, child in children.items()
+            if not isinstance(child, _OPTIMIZERS)}
+    if len(kept) < len(children) or any(kept[name] is not children[name] for name in kept):
+        memo[id(obj)] = tf.train.Checkpoint(**kept)
+    return memo[id(obj)]
 
 
 def _check_destination(export_dir: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import expframe as xf
-from expframe import export
+from expframe import checkpointer, export
 from expframe.errors import ConfigError, RunError
 from expframe.models.d4pg import d4pg_critic, d4pg_policy
 from expframe.models.pixel_encoder import drq_encoder
@@ -131,6 +131,50 @@ def test_refuses_signatures_that_break_the_contract(tmp_path):
                                           r"'../labels.txt': str"):
         export.export_saved_model(FolderAsset(), str(tmp_path / "c"))
     assert os.listdir(tmp_path) == []
+
+
+class _CompiledModel(Task):
+    """A compiled Keras model (Keras' own optimizer inside it) and a wrapped optimizer, as
+    KerasModelTask holds them; built in the replicator's scope under the policy in force."""
+
+    def __init__(self):
+        self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        self.model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+        self.model.optimizer.build(self.model.trainable_variables)
+        self.optimizer = xf.wrap_optimizer(keras.optimizers.Adam())
+        self.optimizer.build(self.model.trainable_variables)
+
+    def trackables(self):
+        return {"model": self.model, "optimizer": self.optimizer}
+
+
+@pytest.mark.parametrize("written, exported", [("float32", "mixed_float16"), ("mixed_float16", "float32")])
+def test_an_export_reads_the_weights_whatever_precision_shaped_the_optimizers(written, exported, tmp_path):
+    """Under mixed_float16, wrap_optimizer adds loss scaling and compile() wraps the model's
+    optimizer in a LossScaleOptimizer: a checkpoint of another precision lacks that state
+    (or holds state this one lacks, under the same names), so the evaluator's strict read
+    fails; the export's reads every weight and leaves the optimizers out."""
+    rep = xf.Replicator("cpu", 1)
+    try:
+        keras.mixed_precision.set_global_policy(written)
+        with rep.scope():
+            source = _CompiledModel()
+        source.model.layers[0].kernel.assign(RNG.normal(size=(3, 2)))
+        path = tf.train.Checkpoint(step=tf.Variable(7, dtype=tf.int64), **source.trackables()).save(
+            str(tmp_path / "ckpt"))  # as the trainer saves it
+        keras.mixed_precision.set_global_policy(exported)
+        with rep.scope():
+            task = _CompiledModel()
+        step = tf.Variable(0, dtype=tf.int64)
+        with pytest.raises((AssertionError, tf.errors.InvalidArgumentError)):  # unbound, or another dtype
+            tf.train.Checkpoint(step=step, **task.trackables()).read(path).expect_partial() \
+                .assert_existing_objects_matched()
+        assert checkpointer.read_checkpoint(export.restorable(task, step), path) is None
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert int(step.numpy()) == 7
+    np.testing.assert_array_equal(task.model.layers[0].kernel.numpy(), source.model.layers[0].kernel.numpy())
+    assert isinstance(task.model.optimizer, keras.optimizers.LossScaleOptimizer) == (exported == "mixed_float16")
 
 
 # -- the families ---------------------------------------------------------------------------
