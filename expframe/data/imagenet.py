@@ -336,9 +336,7 @@ def _imagenet_raw_images(arguments) -> raw_images.RawImages:
     return raw_images.RawImages(
         preprocess=lambda image: tf.cast(preprocess_for_eval(image, size, dtype), tf.float32),
         decode=lambda encoded: tf.cast(preprocess_encoded_for_eval(encoded, size, dtype), tf.float32),
-        class_names=tuple(names),
-        description=(f"centre crop {size}/{round(size / CROP_FRACTION)} of the shorter side, resized to "
-                     f"{size}x{size}, normalized by the ImageNet mean and standard deviation"))
+        class_names=tuple(names))
 
 
 raw_images.declare(imagenet_input, _imagenet_raw_images)

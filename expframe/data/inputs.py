@@ -122,9 +122,7 @@ def _shapes_raw_images(arguments) -> raw_images.RawImages:
 
     return raw_images.RawImages(
         preprocess=preprocess, decode=lambda encoded: preprocess(raw_images.decode_image(encoded)),
-        class_names=shapes.CLASS_NAMES,
-        description=(f"resized to {size}x{size} if another size, "
-                     + ("standardized per image" if standardize else "scaled to [-1, 1]")))
+        class_names=shapes.CLASS_NAMES)
 
 
 raw_images.declare(shapes_input, _shapes_raw_images)

@@ -34,13 +34,11 @@ class RawImages:
         eval pipeline feeds the model for it (graph-mode TensorFlow ops only).
       decode: scalar string, an encoded image (JPEG, PNG, GIF or BMP) -> the same.
       class_names: the name of each label, in label order, or None where unknown.
-      description: one line: what the preprocessing does (docs and export info).
     """
 
     preprocess: Callable[[tf.Tensor], tf.Tensor]
     decode: Callable[[tf.Tensor], tf.Tensor]
     class_names: Optional[Tuple[str, ...]]
-    description: str
 
 
 def decode_image(encoded: tf.Tensor) -> tf.Tensor:
