@@ -14,8 +14,8 @@ from expframe import export
 
 ATOL = 1e-5
 
-# For each (export_dir, inputs.npz, outputs.npz): loads the SavedModel, calls every signature
-# on the inputs named "signature/argument", reads each asset through the loaded object
+# For each (export_dir, inputs.npz, outputs.npz): loads the SavedModel, calls each signature
+# that has inputs (named "signature/argument"), reads each asset through the loaded object
 # ("assets/name"), and where the inputs hold "keras/input", calls model.keras on it
 # ("keras/output"); writes them to outputs.npz. Strings come back as bytes arrays.
 LOADER = textwrap.dedent("""
@@ -29,6 +29,8 @@ LOADER = textwrap.dedent("""
         feeds, got = np.load(inputs), {}
         for name, fn in loaded.signatures.items():
             args = {k.split("/", 1)[1]: tf.constant(feeds[k]) for k in feeds.files if k.startswith(name + "/")}
+            if not args:
+                continue
             for key, value in fn(**args).items():
                 value = value.numpy()
                 got[f"{name}/{key}"] = value.astype(bytes) if value.dtype == object else value
