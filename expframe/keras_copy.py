@@ -14,7 +14,8 @@ same weights:
 A model with another expframe layer (spectral norm, conditional batch norm, the GAN's
 blocks) gets no copy: `plain_copy` says which layer stopped it. Layers of other packages
 (the user's own) stay as they are; the copy then loads where their package is. A
-subclassed model gets no copy (its layers cannot be swapped). Each copy is checked
+subclassed model, or a layer that Keras cannot rebuild from its config, gets no copy
+(Keras' `clone_model` says why). Each copy is checked
 against the model on random inputs before it is written.
 
 Example:
@@ -115,16 +116,18 @@ def plain_copy(model: keras.Model) -> keras.Model:
       The copy: same inputs, outputs, layer names, dtype policies and weights.
 
     Raises:
-      NoPlainCopy: a subclassed model, an expframe layer without an equivalent, or a
-        copy whose outputs differ from the model's by more than ATOL.
+      NoPlainCopy: a subclassed model, a layer Keras cannot rebuild from its config, an
+        expframe layer without an equivalent, or a copy whose outputs differ from the
+        model's by more than ATOL.
     """
     if not isinstance(model, keras.Model):
         raise NoPlainCopy(f"the model is a {type(model).__name__}, not a keras.Model")
     try:
         copy = keras.models.clone_model(model, clone_function=_clone_layer, recursive=True)
-    except ValueError as e:  # Keras clones the layers of functional and Sequential models only
-        raise NoPlainCopy(f"the model is a subclassed {type(model).__name__}: only a functional or Sequential "
-                          f"model's layers can be swapped for plain Keras ones ({str(e).splitlines()[0]})") from None
+    except (ValueError, TypeError, NotImplementedError) as e:
+        # Keras clones only functional and Sequential models, and layers its config rebuilds.
+        raise NoPlainCopy(f"Keras could not copy the {type(model).__name__} model's layers "
+                          f"({type(e).__name__}: {str(e).strip().splitlines()[0]})") from None
     left = next((layer for layer in _layers(copy) if _from_expframe(layer)), None)
     if left is not None:  # inside a layer of another package, which rebuilt it
         raise NoPlainCopy(f"layer {left.name!r} ({type(left).__name__}) has no plain Keras equivalent")

@@ -76,6 +76,17 @@ class _Wrapped(keras.layers.Layer):
         return self.norm(x, training=training)
 
 
+class _Scale(keras.layers.Layer):
+    """A user's layer without get_config: Keras cannot rebuild it."""
+
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def call(self, x):
+        return x * self.factor
+
+
 class _Subclassed(keras.Model):
     def __init__(self):
         super().__init__()
@@ -90,9 +101,11 @@ class _Subclassed(keras.Model):
      r"layer 'sn' \(SNDense\) has no plain Keras equivalent"),
     (lambda: keras.Sequential([keras.Input((3,)), _Wrapped(name="wrapped")]),
      r"layer '\w+' \(SyncBatchNorm\) has no plain Keras equivalent"),
-    (_Subclassed, "the model is a subclassed _Subclassed: only a functional or Sequential model's layers can be "
-                  "swapped for plain Keras ones"),
-], ids=["spectral_norm", "nested_in_a_user_layer", "subclassed"])
+    (_Subclassed, r"Keras could not copy the _Subclassed model's layers \(ValueError: Arguments `clone_function` "
+                  r"and `input_tensors` are only supported for Sequential models or Functional models"),
+    (lambda: keras.Sequential([keras.Input((3,)), _Scale(2.0)]),
+     r"Keras could not copy the Sequential model's layers \(TypeError: Error when deserializing class '_Scale'"),
+], ids=["spectral_norm", "nested_in_a_user_layer", "subclassed", "no_config"])
 def test_models_without_a_plain_copy_are_refused_with_the_reason(build, reason):
     model = build()
     model(np.zeros((1, 3), np.float32))
