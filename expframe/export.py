@@ -167,13 +167,15 @@ def _keras_copy(task: Task, folder: str) -> Optional[str]:
     model = task.keras_model()
     if model is None:
         return f"{type(task).__name__} declares no Keras model (Task.keras_model)"
+    path = os.path.join(folder, KERAS_FILE)
     try:
-        copy = keras_copy.plain_copy(model)
-    except keras_copy.NoPlainCopy as e:
-        why = str(e)
+        keras_copy.plain_copy(model).save(path)
+    except (keras_copy.NoPlainCopy, ValueError, TypeError, NotImplementedError) as e:  # not OSError: a full disk
+        why = str(e) if isinstance(e, keras_copy.NoPlainCopy) else f"Keras could not save it ({_first_line(e)})"
+        if os.path.exists(path):
+            os.remove(path)
         print(f"export: no {KERAS_FILE} beside the SavedModel: {why}", flush=True)
         return why
-    copy.save(os.path.join(folder, KERAS_FILE))
     return None
 
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 import expframe as xf
 from expframe import checkpointer, export
 from expframe.errors import ConfigError, RunError
+from expframe.layers import SNDense
 from expframe.models.d4pg import d4pg_critic, d4pg_policy
 from expframe.models.pixel_encoder import drq_encoder
 from expframe.models.vit import ViT
@@ -107,6 +108,18 @@ def test_an_export_that_cannot_be_written_whole_leaves_nothing(tmp_path, monkeyp
     assert (info["assets"], info["keras_model"], info["no_keras_model"]) == (
         ["notes.txt"], str(tmp_path / "out" / "model.keras"), None)
     assert keras.models.load_model(info["keras_model"]).layers[0].units == 2
+
+
+def test_a_model_without_a_plain_copy_is_exported_without_one_and_says_why(tmp_path, capsys):
+    class WithSpectralNorm(_Identity):
+        def keras_model(self):
+            return keras.Sequential([keras.Input((3,)), SNDense(2, name="sn")])
+
+    info = export.export_saved_model(WithSpectralNorm(), str(tmp_path / "out"))
+    why = "layer 'sn' (SNDense) has no plain Keras equivalent"
+    assert capsys.readouterr().out == f"export: no model.keras beside the SavedModel: {why}\n"
+    assert (info["keras_model"], info["no_keras_model"]) == (None, why)
+    assert "saved_model.pb" in os.listdir(tmp_path / "out") and not (tmp_path / "out" / "model.keras").exists()
 
 
 def test_refuses_signatures_that_break_the_contract(tmp_path):
