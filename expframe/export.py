@@ -61,7 +61,8 @@ def restorable(task: Task, step: tf.Variable) -> tf.train.Checkpoint:
 
     Objects that hold an optimizer are stood in for by containers (`tf.train.Checkpoint`s)
     of their other children, under the same names, so the rest matches the checkpoint's
-    object graph as before."""
+    object graph as before (a stand-in reads no values of its own: a Keras model, the one
+    such holder here, keeps all of them in its children)."""
     root = tf.train.Checkpoint(step=step, **task.trackables())
     return _without_optimizers(root, tf.train.TrackableView(root), {})
 
