@@ -17,7 +17,7 @@ tpu) is evaluated or exported on this host's GPU or CPU, one replica.
 import json
 import os
 import time
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import gin
 import keras
@@ -341,9 +341,10 @@ def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, 
             lock.release()
 
 
-def _restore_chosen(trainer: Trainer, model_dir: str, checkpoint: str) -> int:
+def _restore_chosen(trainer: Trainer, model_dir: str, checkpoint: str,
+                    objects: Optional[Dict[str, Any]] = None) -> int:
     path = _choose_checkpoint(model_dir, checkpoint)
-    cause = read_checkpoint(trainer.evaluation_objects(), path)
+    cause = read_checkpoint(trainer.evaluation_objects() if objects is None else objects, path)
     if cause is not None:
         raise RunError(f"cannot read the checkpoint {path}: {cause}")
     return int(trainer.step.numpy())
@@ -389,10 +390,12 @@ def _continuous_eval(trainer: Trainer, out: RunFiles, timeout_s: float, check_co
 def _export(trainer: Trainer, model_dir: str, checkpoint: str, export_dir: Optional[str]) -> dict:
     """A SavedModel of the chosen checkpoint, written outside the trainer's files."""
     from expframe import export  # pylint: disable=import-outside-toplevel
-    step = _restore_chosen(trainer, model_dir, checkpoint)
+    # The weights, not the optimizers: their state depends on the precision (export.restorable).
+    step = _restore_chosen(trainer, model_dir, checkpoint, export.restorable(trainer.task, trainer.step))
     name = f"best_step_{step}" if checkpoint == "best" else f"step_{step}"
     export_dir = export_dir or os.path.join(model_dir, "export", name)
     info = export.export_saved_model(trainer.task, export_dir)
-    print(f"exported step {step} ({checkpoint}) to {export_dir}: signatures {', '.join(sorted(info['signatures']))}",
-          flush=True)
+    keras_copy = f"; Keras copy {export.KERAS_FILE}" if info["keras_model"] else ""
+    print(f"exported step {step} ({checkpoint}) to {export_dir}: signatures {', '.join(sorted(info['signatures']))}"
+          f"{keras_copy}", flush=True)
     return {"step": step, "export_dir": export_dir, **info}

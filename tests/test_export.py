@@ -1,16 +1,15 @@
 """Export for serving (expframe/export.py, `Task.serving`): each family's SavedModel, loaded
 in a fresh Python process that never imports expframe, gives the framework model's outputs
-(within 1e-5) on fixed inputs; one export comes from a checkpoint written by 2 replicas.
-Also: the base Task's error, a refused non-empty export_dir, and docs/extending.md's
-user-task example."""
+(within 1e-5) on fixed inputs (the classifier's, from a checkpoint of 2 replicas, with raw
+images, class names, its `.keras` copy and each precision: test_export_classifier.py).
+Also: the base Task's error, a refused non-empty export_dir, an export that fails
+part-way leaving nothing, and docs/extending.md's user-task example."""
 
 import functools
 import importlib
 import os
 import re
-import subprocess
 import sys
-import textwrap
 
 import gin
 import keras
@@ -19,8 +18,9 @@ import pytest
 import tensorflow as tf
 
 import expframe as xf
-from expframe import config, export
-from expframe.errors import ConfigError
+from expframe import checkpointer, export
+from expframe.errors import ConfigError, RunError
+from expframe.layers import SNDense
 from expframe.models.d4pg import d4pg_critic, d4pg_policy
 from expframe.models.pixel_encoder import drq_encoder
 from expframe.models.vit import ViT
@@ -29,30 +29,13 @@ from expframe.replicator.mesh_optimizer import MeshAdam
 from expframe.rl.environments import control_suite
 from expframe.tasks import gan_standing
 from expframe.tasks.base import Task
-from expframe.tasks.classification import ClassificationTask
 from expframe.tasks.d4pg import D4PGTask
 from expframe.tasks.mesh_classification import MeshClassificationTask
 from tests import main_runner as mr
+from tests.export_serving import assert_served, classifier_outputs
 from tests.tasks import test_gan
 
-ATOL = 1e-5
 RNG = np.random.default_rng(0)
-
-# Loads the SavedModel with TensorFlow alone, calls every signature on the inputs of the
-# .npz ("signature/argument"), writes the outputs ("signature/output").
-LOADER = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import tensorflow as tf
-    export_dir, inputs, outputs = sys.argv[1:]
-    loaded = tf.saved_model.load(export_dir)
-    feeds, got = np.load(inputs), {}
-    for name, fn in loaded.signatures.items():
-        args = {k.split("/", 1)[1]: tf.constant(feeds[k]) for k in feeds.files if k.startswith(name + "/")}
-        got.update({f"{name}/{key}": value.numpy() for key, value in fn(**args).items()})
-    assert "expframe" not in sys.modules, sorted(m for m in sys.modules if m.startswith("expframe"))
-    np.savez(outputs, **got)
-""")
 
 
 @pytest.fixture(autouse=True)
@@ -60,47 +43,6 @@ def _clean_gin():
     gin.clear_config()
     yield
     gin.clear_config()
-
-
-def serve_elsewhere(export_dir, inputs, tmp_path):
-    """{"signature/output": value} from the SavedModel loaded in a fresh process, called on `inputs`."""
-    np.savez(tmp_path / "inputs.npz", **inputs)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", LOADER, str(export_dir), str(tmp_path / "inputs.npz"),
-                           str(tmp_path / "outputs.npz")], cwd=tmp_path, env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"),
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    with np.load(tmp_path / "outputs.npz") as out:
-        return {k: out[k] for k in out.files}
-
-
-def assert_served(task, inputs, expected, tmp_path):
-    """Exports `task`, serves `inputs` elsewhere, compares with `expected` ("signature/output":
-    value, or a function giving them after the export); returns the largest absolute difference."""
-    info = export.export_saved_model(task, str(tmp_path / "export"))
-    expected = expected() if callable(expected) else expected
-    assert info["export_dir"] == str(tmp_path / "export")
-    assert set(info["signatures"]) == {k.split("/")[0] for k in expected}
-    assert all(sorted(k.split("/")[1] for k in expected if k.startswith(name + "/")) == signature["outputs"]
-               for name, signature in info["signatures"].items())
-    got = serve_elsewhere(tmp_path / "export", inputs, tmp_path)
-    assert sorted(got) == sorted(expected)
-    worst = 0.0
-    for key, want in expected.items():
-        assert got[key].dtype == np.asarray(want).dtype and got[key].shape == np.shape(want), key
-        np.testing.assert_allclose(got[key], want, atol=ATOL, rtol=0, err_msg=key)
-        worst = max(worst, float(np.abs(got[key].astype(np.float64) - want).max()))
-    print(f"max abs difference {worst:.3g}")
-    return worst
-
-
-def classifier_outputs(logits, prefix="serving_default/"):
-    logits = np.asarray(logits, np.float32)
-    probabilities = tf.nn.softmax(logits).numpy()
-    k = min(5, logits.shape[-1])
-    order = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k].astype(np.int32)
-    return {prefix + "logits": logits, prefix + "probabilities": probabilities, prefix + "top_k_classes": order,
-            prefix + "top_k_probabilities": np.take_along_axis(probabilities, order, -1)}
 
 
 # -- the contract ---------------------------------------------------------------------------
@@ -136,6 +78,50 @@ def test_refuses_a_non_empty_export_dir_and_replaces_an_empty_one(tmp_path):
     assert "saved_model.pb" in os.listdir(tmp_path / "empty") and sorted(os.listdir(tmp_path)) == ["empty", "full"]
 
 
+class _WithKeras(_Identity):
+    def serving_assets(self):
+        return {"notes.txt": "one\n"}
+
+    def keras_model(self):
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+
+def test_an_export_that_cannot_be_written_whole_leaves_nothing(tmp_path, monkeypatch):
+    """A disk that fills while model.keras, the last file, is written: one line, and neither
+    the export nor its temporary folder is left. Then the whole export, model.keras included."""
+    def full_disk(model, path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"PK")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(keras.Model, "save", full_disk)
+    with pytest.raises(RunError) as e:
+        export.export_saved_model(_WithKeras(), str(tmp_path / "out"))
+    assert str(e.value) == (f"--export_dir={tmp_path / 'out'}: the export could not be written (OSError: [Errno 28] "
+                            "No space left on device); nothing was left there.")
+    assert os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    info = export.export_saved_model(_WithKeras(), str(tmp_path / "out"))
+    assert sorted(os.listdir(tmp_path / "out")) == ["assets", "fingerprint.pb", "model.keras", "saved_model.pb",
+                                                    "variables"]
+    assert (tmp_path / "out" / "assets" / "notes.txt").read_text() == "one\n"
+    assert (info["assets"], info["keras_model"], info["no_keras_model"]) == (
+        ["notes.txt"], str(tmp_path / "out" / "model.keras"), None)
+    assert keras.models.load_model(info["keras_model"]).layers[0].units == 2
+
+
+def test_a_model_without_a_plain_copy_is_exported_without_one_and_says_why(tmp_path, capsys):
+    class WithSpectralNorm(_Identity):
+        def keras_model(self):
+            return keras.Sequential([keras.Input((3,)), SNDense(2, name="sn")])
+
+    info = export.export_saved_model(WithSpectralNorm(), str(tmp_path / "out"))
+    why = "layer 'sn' (SNDense) has no plain Keras equivalent"
+    assert capsys.readouterr().out == f"export: no model.keras beside the SavedModel: {why}\n"
+    assert (info["keras_model"], info["no_keras_model"]) == (None, why)
+    assert "saved_model.pb" in os.listdir(tmp_path / "out") and not (tmp_path / "out" / "model.keras").exists()
+
+
 def test_refuses_signatures_that_break_the_contract(tmp_path):
     class NoDefault(Task):
         def serving(self):
@@ -149,66 +135,62 @@ def test_refuses_signatures_that_break_the_contract(tmp_path):
         export.export_saved_model(NoDefault(), str(tmp_path / "a"))
     with pytest.raises(ConfigError, match=r"NoSignature.serving\(\)\['serving_default'\] is not a tf.function with"):
         export.export_saved_model(NoSignature(), str(tmp_path / "b"))
+
+    class FolderAsset(_Identity):
+        def serving_assets(self):
+            return {"../labels.txt": "a\n"}
+
+    with pytest.raises(ConfigError, match=r"FolderAsset.serving_assets\(\) must map plain file names to text; got "
+                                          r"'../labels.txt': str"):
+        export.export_saved_model(FolderAsset(), str(tmp_path / "c"))
     assert os.listdir(tmp_path) == []
 
 
+class _CompiledModel(Task):
+    """A compiled Keras model (Keras' own optimizer inside it) and a wrapped optimizer, as
+    KerasModelTask holds them; built in the replicator's scope under the policy in force."""
+
+    def __init__(self):
+        self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        self.model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+        self.model.optimizer.build(self.model.trainable_variables)
+        self.optimizer = xf.wrap_optimizer(keras.optimizers.Adam())
+        self.optimizer.build(self.model.trainable_variables)
+
+    def trackables(self):
+        return {"model": self.model, "optimizer": self.optimizer}
+
+
+@pytest.mark.parametrize("written, exported", [("float32", "mixed_float16"), ("mixed_float16", "float32")])
+def test_an_export_reads_the_weights_whatever_precision_shaped_the_optimizers(written, exported, tmp_path):
+    """Under mixed_float16, wrap_optimizer adds loss scaling and compile() wraps the model's
+    optimizer in a LossScaleOptimizer: a checkpoint of another precision lacks that state
+    (or holds state this one lacks, under the same names), so the evaluator's strict read
+    fails; the export's reads every weight and leaves the optimizers out."""
+    rep = xf.Replicator("cpu", 1)
+    try:
+        keras.mixed_precision.set_global_policy(written)
+        with rep.scope():
+            source = _CompiledModel()
+        source.model.layers[0].kernel.assign(RNG.normal(size=(3, 2)))
+        path = tf.train.Checkpoint(step=tf.Variable(7, dtype=tf.int64), **source.trackables()).save(
+            str(tmp_path / "ckpt"))  # as the trainer saves it
+        keras.mixed_precision.set_global_policy(exported)
+        with rep.scope():
+            task = _CompiledModel()
+        step = tf.Variable(0, dtype=tf.int64)
+        with pytest.raises((AssertionError, tf.errors.InvalidArgumentError)):  # unbound, or another dtype
+            tf.train.Checkpoint(step=step, **task.trackables()).read(path).expect_partial() \
+                .assert_existing_objects_matched()
+        assert checkpointer.read_checkpoint(export.restorable(task, step), path) is None
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert int(step.numpy()) == 7
+    np.testing.assert_array_equal(task.model.layers[0].kernel.numpy(), source.model.layers[0].kernel.numpy())
+    assert isinstance(task.model.optimizer, keras.optimizers.LossScaleOptimizer) == (exported == "mixed_float16")
+
+
 # -- the families ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def quickstart_run(tmp_path_factory, data_dir):
-    """experiments/quickstart.gin shrunk (tests/main_runner.SMALL): 6 steps on 2 replicas."""
-    model_dir = tmp_path_factory.mktemp("quickstart") / "run"
-    done = mr.run(["experiments/quickstart.gin"], model_dir, data_dir, mr.SMALL + ("Replicator.num_replicas = 2",))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert '"num_replicas": 2' in (model_dir / "result.json").read_text()
-    return model_dir
-
-
-def _quickstart_task(model_dir, data_dir):
-    """The run's ClassificationTask (its parsed config), built on 1 replica."""
-    config.parse([str(model_dir / "parsed_config.gin")],
-                 ["Replicator.num_replicas = 1", f"shapes_input.data_dir = '{data_dir}'"])
-    rep = xf.Replicator()
-    task = ClassificationTask()
-    task.setup(rep, 16, seed=0, deterministic=False)
-    with rep.scope():
-        task.build()
-    return task
-
-
-def _restored_quickstart(model_dir, data_dir, images):
-    """(task, logits of `images`): the run's last checkpoint (step 6) read into a 1-replica task."""
-    task = _quickstart_task(model_dir, data_dir)
-    initial = task.model(images, training=False).numpy()
-    path = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-    assert path.endswith("ckpt-6")
-    tf.train.Checkpoint(model=task.model, optimizer=task.optimizer).read(path).expect_partial() \
-        .assert_existing_objects_matched()
-    logits = task.model(images, training=False).numpy()
-    assert np.abs(logits - initial).max() > 1e-3  # the checkpoint's weights, not the initial ones
-    return task, logits
-
-
-def test_classification_from_a_checkpoint_of_two_replicas(quickstart_run, data_dir, tmp_path):
-    images = RNG.normal(size=(5, 32, 32, 3)).astype(np.float32)
-    task, logits = _restored_quickstart(quickstart_run, data_dir, images)
-    assert_served(task, {"serving_default/image": images}, classifier_outputs(logits), tmp_path)
-
-
-def test_main_mode_export_of_the_two_replica_run(quickstart_run, data_dir, tmp_path):
-    """`main.py --mode=export`: exit 0, the SavedModel at --export_dir, served elsewhere as the checkpoint."""
-    out = tmp_path / "served" / "quickstart"
-    done = mr.run(["experiments/quickstart.gin"], quickstart_run, data_dir,
-                  mr.SMALL + ("Replicator.num_replicas = 2",), extra=["--mode=export", f"--export_dir={out}"])
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"exported step 6 (latest) to {out}" in done.stdout, done.stdout[-2000:]
-    assert (out / "saved_model.pb").is_file()
-    images = RNG.normal(size=(3, 32, 32, 3)).astype(np.float32)
-    _, logits = _restored_quickstart(quickstart_run, data_dir, images)
-    got = serve_elsewhere(out, {"serving_default/image": images}, tmp_path)
-    for key, want in classifier_outputs(logits).items():
-        np.testing.assert_allclose(got[key], want, atol=ATOL, rtol=0, err_msg=key)
 
 
 def test_mesh_vit_saves_plain_variables(tmp_path):
@@ -254,6 +236,7 @@ def test_gan_samples_with_the_standing_statistics_and_serves_the_online_generato
 
     assert_served(task, inputs, expected, tmp_path)
     np.testing.assert_array_equal(task.sampler([z, labels], training=False).numpy(), copied)  # the task's untouched
+    assert task.keras_model() is None and not (tmp_path / "export" / "model.keras").exists()
 
 
 def _d4pg_task(**overrides):

@@ -46,7 +46,7 @@ import gin
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from expframe.data import order, records
+from expframe.data import order, raw_images, records
 from expframe.errors import ConfigError
 
 MEAN_RGB = (123.675, 116.28, 103.53)  # ImageNet per-channel mean, [0, 255] scale
@@ -145,6 +145,15 @@ def preprocess_for_eval(image: tf.Tensor, image_size: int = 224, dtype: tf.DType
     crop = _crop(image, centre_crop_window(_image_shape(image), image_size))
     crop = tf.image.resize(crop, [image_size, image_size], method="bilinear", antialias=True)
     return tf.ensure_shape(_normalise(crop, dtype), [image_size, image_size, 3])
+
+
+def preprocess_encoded_for_eval(encoded: tf.Tensor, image_size: int = 224,
+                                dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """`preprocess_for_eval` of any encoded image: JPEG bytes as the eval pipeline reads
+    the dataset's (decoding only the crop window), other formats (PNG, GIF, BMP) decoded
+    whole first."""
+    return tf.cond(tf.io.is_jpeg(encoded), lambda: preprocess_for_eval(encoded, image_size, dtype),
+                   lambda: preprocess_for_eval(raw_images.decode_image(encoded), image_size, dtype))
 
 
 def _builder(data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
@@ -316,3 +325,18 @@ def imagenet_input(split: str = "train",
     options = tf.data.Options()
     options.deterministic = True if training else deterministic
     return ds.with_options(options)
+
+
+def _imagenet_raw_images(arguments) -> raw_images.RawImages:
+    """imagenet_input's eval preprocessing, in its `dtype` and handed on as float32 (which
+    holds bfloat16 and float16 exactly); the class names (WordNet ids) from TFDS's
+    imagenet2012 info, which needs no data."""
+    size, dtype = arguments["image_size"], tf.as_dtype(arguments["dtype"])
+    names = _builder(arguments["data_dir"]).info.features["label"].names
+    return raw_images.RawImages(
+        preprocess=lambda image: tf.cast(preprocess_for_eval(image, size, dtype), tf.float32),
+        decode=lambda encoded: tf.cast(preprocess_encoded_for_eval(encoded, size, dtype), tf.float32),
+        class_names=tuple(names))
+
+
+raw_images.declare(imagenet_input, _imagenet_raw_images)

@@ -17,7 +17,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from expframe.data import order
+from expframe.data import order, raw_images
 from expframe.errors import ConfigError
 
 
@@ -48,10 +48,26 @@ def _dihedral(images: tf.Tensor, positions: tf.Tensor, seed: int) -> tf.Tensor:
     return tf.where(bit[2], tf.reverse(images, [2]), images)
 
 
-def _prepare(image, label, ids, standardize):
+def shapes_pixels(image: tf.Tensor, standardize: bool) -> tf.Tensor:
+    """uint8 images (one [H, W, C] or a batch [N, H, W, C]) as float32 model inputs, each
+    image on its own: standardized to zero mean and unit variance
+    (`tf.image.per_image_standardization`), or with `standardize = False` scaled to [-1, 1]."""
     image = tf.cast(image, tf.float32)
-    image = tf.image.per_image_standardization(image) if standardize else image / 127.5 - 1.0
-    return {"image": image, "label": tf.cast(label, tf.int32), "id": ids}
+    return tf.image.per_image_standardization(image) if standardize else image / 127.5 - 1.0
+
+
+def shapes_eval_image(image: tf.Tensor, image_size: int = 32, standardize: bool = True) -> tf.Tensor:
+    """One uint8 [H, W, 3] image of any size as `shapes_input`'s eval pipeline feeds the
+    model: float32 [image_size, image_size, 3]. An image of another size is first resized
+    to image_size (bilinear, antialiased); the dataset's own images never are."""
+    size = tf.shape(image)[:2]
+    image = tf.cond(tf.reduce_all(tf.equal(size, image_size)), lambda: tf.cast(image, tf.float32),
+                    lambda: tf.image.resize(image, [image_size, image_size], method="bilinear", antialias=True))
+    return shapes_pixels(tf.ensure_shape(image, [image_size, image_size, 3]), standardize)
+
+
+def _prepare(image, label, ids, standardize):
+    return {"image": shapes_pixels(image, standardize), "label": tf.cast(label, tf.int32), "id": ids}
 
 
 @gin.configurable
@@ -95,3 +111,18 @@ def shapes_input(split: str, ctx: tf.distribute.InputContext, batch_size: int, t
 
     dataset = order.positions(ctx, order.start_example(ctx)).batch(batch_size, drop_remainder=True)
     return dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def _shapes_raw_images(arguments) -> raw_images.RawImages:
+    from expframe.data import shapes  # pylint: disable=import-outside-toplevel
+    size, standardize = arguments["image_size"], arguments["standardize"]
+
+    def preprocess(image):
+        return shapes_eval_image(image, size, standardize)
+
+    return raw_images.RawImages(
+        preprocess=preprocess, decode=lambda encoded: preprocess(raw_images.decode_image(encoded)),
+        class_names=shapes.CLASS_NAMES)
+
+
+raw_images.declare(shapes_input, _shapes_raw_images)

@@ -47,6 +47,11 @@ checkpoints and metrics; the task owns its networks, optimizers and steps:
   serving()               optional: {signature name: tf.function with an input_signature,
                           returning a dict of named tensors} for `--mode=export`
                           (expframe/export.py); 'serving_default' among them.
+  serving_assets()        optional: {file name: text} the export writes into the
+                          SavedModel's assets/ (a classifier's labels.txt); default none.
+  keras_model()           optional: the Keras model the export also writes as
+                          model.keras, in plain Keras layers (expframe/keras_copy.py);
+                          default None: no copy.
   xla_incompatible        class attribute; None, or why XLA cannot compile
                           train_step (e.g. it calls the host): the step then never
                           runs under Replicator.jit_compile, and jit_compile=True is
@@ -143,6 +148,24 @@ class Task:
         """
         raise ConfigError(f"{type(self).__name__} declares no serving signature: override Task.serving "
                           "(docs/extending.md).")
+
+    def serving_assets(self) -> Dict[str, str]:
+        """Files the export writes beside the signatures, into the SavedModel's `assets/`.
+
+        Returns:
+          {file name (no folder): text}, e.g. {"labels.txt": one class name per line}.
+          Default: none.
+        """
+        return {}
+
+    def keras_model(self) -> Optional[keras.Model]:
+        """The Keras model the export also writes as `model.keras`, or None (the default).
+
+        Return it only where it computes what `serving()['serving_default']` serves (its
+        outputs, before any naming or softmax the signature adds): the export writes it in
+        plain Keras layers (expframe/keras_copy.py) for `keras.models.load_model`.
+        """
+        return None
 
     def close(self) -> None:
         """Releases what the task holds outside TensorFlow (processes, files); called on

@@ -1,7 +1,7 @@
 """Generic image classification: softmax cross-entropy, label smoothing, weight decay, the
 model's regularisation losses, top-k."""
 
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional
 
 import gin
 import keras
@@ -9,27 +9,10 @@ import tensorflow as tf
 
 import expframe as xf
 from expframe import schedules
+from expframe.data import raw_images
 from expframe.tasks import named_evals
 from expframe.tasks.base import Task, model_losses
-
-
-def class_outputs(logits: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """A classifier's serving outputs: float32 `logits`, `probabilities` (softmax),
-    `top_k_classes` (int32) and `top_k_probabilities`, k = min(5, classes), best first."""
-    logits = tf.cast(logits, tf.float32)
-    probabilities = tf.nn.softmax(logits)
-    top = tf.math.top_k(probabilities, k=min(5, int(logits.shape[-1])))
-    return {"logits": logits, "probabilities": probabilities, "top_k_classes": top.indices,
-            "top_k_probabilities": top.values}
-
-
-def image_signature(classify: Callable[[tf.Tensor], tf.Tensor],
-                    image_shape: Sequence[Optional[int]]) -> tf.types.experimental.PolymorphicFunction:
-    """A serving function: `image` float32 [None, *image_shape] -> `class_outputs(classify(image))`."""
-    @tf.function(input_signature=[tf.TensorSpec([None, *image_shape], tf.float32, name="image")])
-    def serve(image):
-        return class_outputs(classify(image))
-    return serve
+from expframe.tasks.image_serving import class_names, classifier_signatures, labels_asset
 
 
 @gin.configurable
@@ -97,13 +80,23 @@ class ClassificationTask(Task):
 
     def serving(self) -> Dict[str, tf.types.experimental.PolymorphicFunction]:
         """'serving_default': `image` float32 [None, H, W, C] (the model's input shape),
-        preprocessed as the eval pipeline feeds the model (`shapes_input`: each image
-        standardized to zero mean and unit variance, or scaled to [-1, 1] with
-        `standardize = False`; `imagenet_input`: resized, centre-cropped, normalized by
-        the ImageNet mean and standard deviation) -> `class_outputs` of the model called
-        with training=False."""
-        return {"serving_default": image_signature(lambda image: self.model(image, training=False),
-                                                   tuple(self.model.input_shape[1:]))}
+        preprocessed as the eval pipeline feeds the model -> `class_outputs` of the model
+        called with training=False. Where the dataset declares its eval preprocessing
+        (`shapes_input`, `imagenet_input`: expframe/data/raw_images.py), also
+        `image_tensor` (uint8 of any size), `image_bytes` (encoded images) and
+        `tf_example`, with that preprocessing inside; and `top_k_class_names` where it
+        names the model's classes (expframe/tasks/image_serving.py)."""
+        return classifier_signatures(lambda image: self.model(image, training=False),
+                                     tuple(self.model.input_shape[1:]), self.num_classes,
+                                     raw_images.of(self._dataset_fn))
+
+    def serving_assets(self) -> Dict[str, str]:
+        """`labels.txt` (one class name per line) where the dataset names the model's classes."""
+        return labels_asset(class_names(raw_images.of(self._dataset_fn), self.num_classes))
+
+    def keras_model(self) -> keras.Model:
+        """The model: its logits are `serving_default`'s `logits`."""
+        return self.model
 
     def _input(self, split, ctx, training):
         return self._dataset_fn(split=split, ctx=ctx, batch_size=ctx.get_per_replica_batch_size(self.global_batch_size),

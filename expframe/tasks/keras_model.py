@@ -302,6 +302,10 @@ class KerasModelTask(Task):
             return {"output": tf.cast(self.model(x, training=False), tf.float32)}
         return {"serving_default": serve}
 
+    def keras_model(self) -> keras.Model:
+        """The model (uncompiled in the copy): its output is `serving_default`'s `output`."""
+        return self.model
+
 
 def _flat_results(results: Dict[str, Any]) -> Dict[str, tf.Tensor]:
     """The compiled metrics' results as scalars: a metric whose result is a dict gives each

@@ -19,9 +19,11 @@ import tensorflow as tf
 
 import expframe as xf
 from expframe import schedules
+from expframe.data import raw_images
 from expframe.models.vit import ViT
 from expframe.replicator import mesh
-from expframe.tasks.classification import ClassificationTask, image_signature
+from expframe.tasks.classification import ClassificationTask
+from expframe.tasks.image_serving import classifier_signatures
 
 
 def _host_copy(item: Any) -> Any:
@@ -113,13 +115,18 @@ class MeshClassificationTask(ClassificationTask):
         self._decayed = [v for v in self.model.trainable_variables if len(v.shape) >= 2]
 
     def serving(self) -> Dict[str, tf.types.experimental.PolymorphicFunction]:
-        """As `ClassificationTask.serving`, computed by a `HostViT` copy of the model (plain
-        variables: the SavedModel needs no mesh)."""
+        """As `ClassificationTask.serving` (raw-image signatures included), computed by a
+        `HostViT` copy of the model (plain variables: the SavedModel needs no mesh)."""
         if not isinstance(self.model, ViT):
             raise xf.ConfigError(f"MeshClassificationTask exports ViT models only (the model is "
                                  f"{type(self.model).__name__}): its serving copy is HostViT.")
         host = HostViT(self.model)
-        return {"serving_default": image_signature(host, host.image_shape)}
+        return classifier_signatures(host, host.image_shape, self.num_classes, raw_images.of(self._dataset_fn))
+
+    def keras_model(self) -> None:
+        """None: the model's variables are DTensors laid out on the mesh, and its serving
+        copy (`HostViT`) is not a Keras model."""
+        return None
 
     def _cross_entropy(self, labels, logits):
         onehot = tf.one_hot(tf.cast(labels, tf.int32), self.num_classes, dtype=logits.dtype)
