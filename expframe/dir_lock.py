@@ -66,9 +66,8 @@ def hold(path: str) -> Optional[Lock]:
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {since}\n".encode())
-    except OSError:  # a full disk: the caller says so in one line
-        os.close(fd)
-        raise
+    except OSError:  # a full disk: the lock holds all the same (its holder reads 'unknown'); the
+        pass         # holder's next write says what is wrong
     return Lock(path, fd)
 
 

@@ -316,8 +316,10 @@ def _restore_and_train(trainer: Trainer, replicator: Replicator, out: RunFiles, 
         out.log_provenance(step, started)  # every start: commit, versions, machine, load
     except BaseException:
         out.close()  # a non-chief worker's private directory
-        if fresh:  # a start that failed (a full disk, a signal) leaves no new run behind
-            run_files.remove_start(model_dir)
+        if fresh and lock is not None:  # a start that failed (a full disk, a signal) leaves no new run behind;
+            run_files.remove_start(model_dir)  # only the lock's holder: a refused second trainer touches nothing
+        elif fresh and os.path.isdir(model_dir) and not os.listdir(model_dir):
+            os.rmdir(model_dir)  # made for a lock that could not be taken (only if still empty)
         if lock is not None:
             lock.release()
         raise
