@@ -64,8 +64,11 @@ def test_the_experiments_bind_pixels_and_the_shared_encoder(gin_file, monkeypatc
         gin.clear_config()
 
 
+# The cheetah file includes the walker's and changes only the task, its action repeat and
+# value range (its own smoke run is below): its 32 actors are the walker's, so starting them
+# again is slow (a minute on 2 cores), run with -m slow.
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("gin_file", PAPER)
+@pytest.mark.parametrize("gin_file", [PAPER[0], pytest.param(PAPER[1], marks=pytest.mark.slow)])
 def test_a_paper_scale_pixel_file_starts_all_its_actors_on_a_small_machine(gin_file, tmp_path):
     """Issue 33, item 5: the paper-scale files, shrunk to 16x16 frames and episodes of 40
     steps but with their 8 learner replicas and all 32 actors (8 to a process, each actor
@@ -115,6 +118,27 @@ def test_a_paper_scale_pixel_file_starts_all_its_actors_on_a_small_machine(gin_f
     assert rows and all(r["actors_alive"] == 32 and r["actor_restarts"] == 0 for r in rows), rows[-1:]
     print(f"{gin_file}: 32 actors in 4 processes ready after {min(ready.values()):.0f}-"
           f"{max(ready.values()):.0f} s of start-up on {os.cpu_count()} cores; learner at step {rows[-1]['step']}")
+
+
+@pytest.mark.timeout(600)
+def test_the_cheetah_file_runs_shrunk_as_its_own_task(tmp_path):
+    """d4pg_cheetah_run_pixels.gin through main.py, shrunk to 2 actors in one process and one
+    learner replica: its own task, action repeat and value range take effect, the loss is
+    finite, the steps move, the outputs are written."""
+    model_dir = tmp_path / "run"
+    params = tuple(p for p in SMALL if not p.startswith("control_suite.action_repeat")) + (
+        "D4PGTask.num_actors = 2", "D4PGTask.actors_per_process = 2", "D4PGTask.actor_sigmas = (0.1, 0.3)",
+        "Replicator.num_replicas = 1", "Replicator.target = 'cpu'", "D4PGTask.weights_every = 5")
+    done = mr.run([PAPER[1]], model_dir, tmp_path, params, timeout=540)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    operative = (model_dir / "operative_config.gin").read_text()
+    for binding in ("control_suite.name = 'cheetah/run'", "control_suite.action_repeat = 4",
+                    "d4pg_critic.v_max = 400.0", "D4PGTask.num_actors = 2"):
+        assert binding in operative, binding
+    train = mr.metrics(model_dir, "train")
+    assert [r["step"] for r in train] == [2, 4] and all(np.isfinite(r["loss"]) for r in train), train
+    assert train[-1]["actors_alive"] == 2 and train[-1]["episodes"] >= 0, train[-1]
+    assert (model_dir / "result.json").exists() and (model_dir / "checkpoints" / "checkpoint").exists()
 
 
 def test_the_actor_file_is_the_study_arm_whose_results_it_reports(monkeypatch):
