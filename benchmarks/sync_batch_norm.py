@@ -21,10 +21,11 @@ collectives wait for the last's). Designs, interleaved in every repeat:
   unshifted      one all-reduce of (count, sum, sum of squares): E[x^2] - E[x]^2, what
                  TF-Replicator and Keras' synchronized=True compute (inexact, for time)
 
-and with groups of 2 replicas (4 replicas and up): `groups_whole` (shipped: the moving
-statistics of the whole batch, one more all-reduce beside the group's) against
-`groups_follow` (the moving statistics of each group, averaged over replicas by the
-Replicator, as MLPerf's TPU code keeps them). From 16 replicas on, only plain,
+and with groups of 2 replicas (4 replicas and up): `groups` (shipped: each group's
+moving statistics, averaged over the replicas at every update by Replicator.scope(),
+as MLPerf's TPU code follows its groups) against `groups_whole` (the whole batch's,
+the same on every replica by one more all-reduce of the shifted sums beside the
+group's). From 16 replicas on, only plain,
 shipped, gather and the two grouped designs (tracing is most of the time). Each
 replica count runs in a process of its own (a process splits its CPU once). Per repeat, one step of each design; the
 figure is the paired ratio design / plain (seconds; lower is better) with its spread
@@ -52,10 +53,10 @@ RESNET50_CHANNELS = tuple([64] + [c for stage, (blocks, width) in enumerate(((3,
                                   for c in [width, width, 4 * width, 4 * width]
                                   + [width, width, 4 * width] * (blocks - 1)])
 DESIGNS = ("plain", "shipped", "gather", "two_pass", "broadcast", "unshifted")
-GROUPED = ("groups_whole", "groups_follow")
+GROUPED = ("groups", "groups_whole")
 # Tracing 53 layers on every replica takes about 7 s per replica and design on 2 cores: from
 # 16 replicas on, only the designs the figures compare.
-LARGE, LARGE_DESIGNS = 16, ("plain", "shipped", "gather", "groups_whole", "groups_follow")
+LARGE, LARGE_DESIGNS = 16, ("plain", "shipped", "gather", "groups", "groups_whole")
 
 
 def designs_at(n: int) -> list:
@@ -75,6 +76,7 @@ def designs():
     import expframe as xf
     from expframe.layers import cross_replica_moments as crm
     from expframe.replicator import collectives
+    from expframe.replicator.replicator import identical_updates
 
     def local(x, axes):
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
@@ -126,26 +128,29 @@ def designs():
         d = total[1:1 + c] / total[0]
         return shift + d, tf.maximum(total[1 + c:] / total[0] - tf.square(d), 0.0)
 
-    class GroupsFollow(xf.layers.SyncBatchNorm):
-        """Groups whose moving statistics follow the group (averaged over replicas by the
-        Replicator's MEAN aggregation: built without identical_updates)."""
+    class GroupsWhole(xf.layers.SyncBatchNorm):
+        """Groups whose moving statistics follow the whole batch: the same every replica by
+        one more all-reduce of the shifted sums over all replicas, beside the group's (the
+        design shipped before the groups' average was measured)."""
 
         def build(self, input_shape):
-            keras.layers.BatchNormalization.build(self, input_shape)
+            with identical_updates():
+                keras.layers.BatchNormalization.build(self, input_shape)
 
         def call(self, inputs, training=None, mask=None):
-            x = inputs
-            mean, var = crm.moments(x, list(self._reduction_axes), mask, self.moving_mean, self._group())
-            self.moving_mean.assign(self.moving_mean * self.momentum + mean * (1.0 - self.momentum))
-            self.moving_variance.assign(self.moving_variance * self.momentum + var * (1.0 - self.momentum))
+            x, axes = inputs, list(self._reduction_axes)
+            mean, var = crm.moments(x, axes, mask, self.moving_mean, self._group())
+            whole_mean, whole_var = _shifted(tf.stop_gradient(x), axes, crm._value(self.moving_mean))  # noqa: SLF001
+            self.moving_mean.assign(self.moving_mean * self.momentum + whole_mean * (1.0 - self.momentum))
+            self.moving_variance.assign(self.moving_variance * self.momentum + whole_var * (1.0 - self.momentum))
             return keras.ops.batch_normalization(x, mean, var, axis=self.axis, offset=self.beta, scale=self.gamma,
                                                  epsilon=self.epsilon)
 
     import functools
     return {"plain": keras.layers.BatchNormalization, "shipped": xf.layers.SyncBatchNorm, "gather": Gather,
             "two_pass": TwoPass, "broadcast": Broadcast, "unshifted": Unshifted,
-            "groups_whole": functools.partial(xf.layers.SyncBatchNorm, group_size=2),
-            "groups_follow": functools.partial(GroupsFollow, group_size=2)}
+            "groups": functools.partial(xf.layers.SyncBatchNorm, group_size=2),
+            "groups_whole": functools.partial(GroupsWhole, group_size=2)}
 
 
 def _stack_step(rep, layer_cls, channels, per_replica):
@@ -242,13 +247,13 @@ def _run_worker(args, n):
 
 def summarise(record: dict) -> dict:
     """Per design: median seconds, and the paired ratio to plain with its spread; and the
-    paired ratios shipped / gather and groups_follow / groups_whole."""
+    paired ratios shipped / gather and groups / groups_whole."""
     seconds = record["seconds"]
     out = {}
     for name, values in seconds.items():
         out[name] = {"median_s": float(sorted(values)[len(values) // 2]),
                      "over_plain": spread.of([v / p for v, p in zip(values, seconds["plain"], strict=True)])}
-    for a, b in (("shipped", "gather"), ("groups_follow", "groups_whole")):
+    for a, b in (("shipped", "gather"), ("groups", "groups_whole")):
         if a in seconds and b in seconds:
             out[a][f"over_{b}"] = spread.of([x / y for x, y in zip(seconds[a], seconds[b], strict=True)])
     return out

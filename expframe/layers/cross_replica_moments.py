@@ -32,8 +32,7 @@ autodiff through the cond would put a second cond, and a collective in it, in th
 backward pass (see `reduced_moments` on why a cond with a collective needs care).
 
 Per call and replica: 2C + 1 floats forward and 2C backward in the steady state,
-C more forward at the first steps; with groups, 2C + 1 more over all replicas for the
-moving statistics (`group_and_whole_moments`). None of it depends on the replica count.
+C more forward at the first steps. None of it depends on the replica count.
 """
 
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -49,7 +48,6 @@ from expframe.replicator import collectives
 FAR = 16.0
 # Name scopes of the collectives (what expframe.plan.collective_table reads).
 SUMS, SQUARES, GRADIENTS = "cross_replica_sums", "cross_replica_squares", "cross_replica_gradients"
-WHOLE = "whole_batch_sums"  # groups only: the moving statistics' sums over all replicas
 
 Sums = Tuple[tf.Tensor, tf.Tensor, tf.Tensor]
 
@@ -85,9 +83,9 @@ def _centred_squares(x, axes, mask, mean):
     return tf.reduce_sum(d if w is None else w * d, axis=axes)
 
 
-def _value(shift) -> tf.Tensor:
-    """The shift's value as float32 (a variable is read here)."""
-    return tf.stop_gradient(tf.cast(tf.convert_to_tensor(shift), tf.float32))
+def _value(shift, dtype=tf.float32) -> tf.Tensor:
+    """The shift's value in `dtype` (a variable is read here)."""
+    return tf.stop_gradient(tf.cast(tf.convert_to_tensor(shift), dtype))
 
 
 def reduced_moments(sums: Sums, shift, group_size: Optional[int],
@@ -122,13 +120,13 @@ def reduced_moments(sums: Sums, shift, group_size: Optional[int],
     # replica's moving mean makes that variable the cond's resource: it is ordered with
     # this replica's reads and writes of it, and nothing else.
     def second_pass():
-        mean = _value(shift) + offset
+        mean = _value(shift, offset.dtype) + offset
         # All-reduce over the group of the squares about the group's mean: C floats, exact.
         with tf.name_scope(SQUARES):
             m2 = collectives.all_reduce(centred_squares(mean), "sum", group_size=group_size)
         return mean, tf.math.divide_no_nan(m2, n)
 
-    mean, var = tf.cond(far, second_pass, lambda: (_value(shift) + offset, shifted_var))
+    mean, var = tf.cond(far, second_pass, lambda: (_value(shift, offset.dtype) + offset, shifted_var))
     return mean, var, n
 
 
@@ -145,7 +143,7 @@ def moments(x: tf.Tensor, axes: Sequence[int], mask: Optional[tf.Tensor], shift,
     @tf.custom_gradient
     def forward(x):
         frozen = tf.stop_gradient(x)
-        mean, var, n = reduced_moments(local_sums(frozen, axes, mask, _value(shift)), shift, group_size,
+        mean, var, n = reduced_moments(local_sums(frozen, axes, mask, _value(shift, x.dtype)), shift, group_size,
                                        lambda m: _centred_squares(frozen, axes, mask, m))
 
         def grad(d_mean, d_var, variables=None):
@@ -164,26 +162,3 @@ def moments(x: tf.Tensor, axes: Sequence[int], mask: Optional[tf.Tensor], shift,
         return (mean, var), grad
 
     return forward(x)
-
-
-def group_and_whole_moments(x: tf.Tensor, axes: Sequence[int], mask: Optional[tf.Tensor], shift,
-                            group_size: int) -> Tuple[Tuple[tf.Tensor, tf.Tensor], Tuple[tf.Tensor, tf.Tensor]]:
-    """((mean, var) of the group, to normalise with; (mean, var) of the whole batch,
-    for the moving statistics, not differentiated).
-
-    The whole batch's moments are the shifted sums alone, one all-reduce of 2C + 1 over
-    all replicas, with no second pass: it waits on nothing of the group's (the two
-    collectives run side by side), and it needs no cond, which costs about 75 us a layer
-    on CPU replicas (benchmarks/sync_batch_norm.py). Exact once the moving mean is near
-    the batch's; at the first steps, where it is far, the moving variance's update
-    carries the shifted sums' error (0.11 of the batch variance for mean 1e3 and std 1
-    around 0, weighted by 1 - momentum in the average); the normalisation never does."""
-    group = moments(x, axes, mask, shift, group_size)
-    shift_value = _value(shift)
-    count, s1, s2 = local_sums(tf.stop_gradient(x), axes, mask, shift_value)
-    channels = s1.shape[0]
-    with tf.name_scope(WHOLE):
-        total = collectives.all_reduce(tf.concat([count, s1, s2], axis=0), "sum")
-    offset = tf.math.divide_no_nan(total[1:1 + channels], total[0])
-    var = tf.maximum(tf.math.divide_no_nan(total[1 + channels:], total[0]) - tf.square(offset), 0.0)
-    return group, (shift_value + offset, var)

@@ -89,8 +89,6 @@ def _kind(name: str, elements: int, gradients: Sequence[int]) -> str:
         return "SyncBatchNorm forward, far shift only: squares about the mean (C)"
     if within(m.SUMS):
         return "SyncBatchNorm forward: count, shifted sums (2C + 1)"
-    if within(m.WHOLE):
-        return "SyncBatchNorm groups: the whole batch's sums, for the moving statistics (2C + 1)"
     if elements in gradients:
         return "gradients of one update (parameters)"
     return "other"
@@ -131,7 +129,6 @@ _FORMULA = {
     "SyncBatchNorm forward: count, shifted sums (2C + 1)": "2C + 1 per call",
     "SyncBatchNorm forward, far shift only: squares about the mean (C)": "C per call, first steps only",
     "SyncBatchNorm backward: d mean, d var (2C)": "2C per differentiated call",
-    "SyncBatchNorm groups: the whole batch's sums, for the moving statistics (2C + 1)": "2C + 1 per call, over all",
 }
 
 
@@ -148,8 +145,9 @@ def summary(result: Dict) -> Dict[str, Dict]:
 def sync_bn_net(replicas: int, group_size=None, norm=None) -> Dict:
     """The issue's conv net (two SyncBatchNorm layers, 64 and 128 channels) on `replicas`
     CPU replicas: its traced step's collectives from batch norm, per replica ({'elements',
-    'steady'}: every traced collective, and those the steady state runs: not the far
-    branch) and the rows of `audit`. `norm`: another batch-norm class (a benchmark's)."""
+    'steady'}: every traced collective and strategy reduction (a group's averaged moving
+    statistics), and those the steady state runs: not the far branch). `norm`: another
+    batch-norm class (a benchmark's)."""
     # pylint: disable=import-outside-toplevel
     import keras
     import tensorflow as tf
@@ -169,13 +167,15 @@ def sync_bn_net(replicas: int, group_size=None, norm=None) -> Dict:
             loss = tf.reduce_sum(model(x, training=True))
         return tape.gradient(loss, model.trainable_variables)  # no optimizer: batch norm's collectives only
 
-    graph = tf.function(lambda x: replicator.run(step, x)).get_concrete_function(
-        tf.TensorSpec([2, 8, 8, 3])).graph
+    with collective_audit.recording_strategy_reductions() as reductions:
+        graph = tf.function(lambda x: replicator.run(step, x)).get_concrete_function(
+            tf.TensorSpec([2, 8, 8, 3])).graph
     ops = collective_audit.traced_collectives(graph)
     far = [o for o in ops if _kind(o["name"], o["elements"], []).startswith("SyncBatchNorm forward, far")]
+    averaged = sum(r["elements"] for r in reductions)
     return {"replicas": replicas, "group_size": group_size,
-            "elements": sum(o["elements"] for o in ops) / replicas,
-            "steady": sum(o["elements"] for o in ops if o not in far) / replicas}
+            "elements": sum(o["elements"] for o in ops) / replicas + averaged,
+            "steady": sum(o["elements"] for o in ops if o not in far) / replicas + averaged}
 
 
 def markdown(results: List[Dict]) -> str:

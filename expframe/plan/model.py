@@ -40,12 +40,12 @@ Communication is what the step's code does (`Footprint.all_reduce_bytes` and
   replicas, a `group_assignment` on a TPU (a group of k cores spans k / 2 chips of the
   torus), and on multi-worker clusters, which have no group collectives, one
   all-reduce of a zero-padded (n / k)-row table; where the step differentiates
-  through the call the backward pass all-reduces as many floats over the same
-  replicas. With groups, the whole batch's moving statistics take one more all-reduce
-  of 2C + 1 floats over all replicas, forward only and waiting on nothing: where the
-  step is compiled (XLA) the step's such all-reduces are independent of one another,
-  so XLA's all-reduce combiner makes them one, of their summed bytes; elsewhere each
-  is its own. The first steps' second pass (C floats, where the moving mean is still
+  through the call the backward pass all-reduces 2C floats over the same replicas.
+  With groups, the moving mean and variance (each group's) are averaged over all
+  replicas at every update (Replicator.scope()'s MEAN aggregation: C floats each),
+  waiting on nothing: where the step is compiled (XLA) the step's such all-reduces are
+  independent of one another, so XLA's all-reduce combiner makes them one, of their
+  summed bytes; elsewhere each is its own. The first steps' second pass (C floats, where the moving mean is still
   far from the batch's) is left out: the steady state is planned. On this machine a
   synchronised layer's cost at each device count is measured instead
   (`collective_probe`: it includes the skew between replicas the formulas leave out).
@@ -236,10 +236,11 @@ def sync_bn_bytes(target: str, n: int, channels: int, group: Optional[int] = Non
     `cross_replica_moments` reduces its 2C + 1 float32 shifted sums on each target.
 
     Returns {'packed': bytes of one replica's sums, 'span': replicas reduced over,
-    'forward', 'backward' (the gradient: as many bytes over the same replicas),
-    'moving' (groups only: the whole batch's moving statistics, over all n),
-    'forward_algorithm', 'moving_algorithm'}. A ring all-reduce of b bytes over m
-    replicas moves 2(m - 1)/m x b through each.
+    'forward', 'backward' (the gradient: 2C floats over the same replicas),
+    'moving' (groups only: the moving mean's and variance's averages over all n, C
+    floats each, by Replicator.scope()'s MEAN aggregation), 'forward_algorithm',
+    'moving_algorithm'}. A ring all-reduce of b bytes over m replicas moves 2(m - 1)/m x
+    b through each.
     """
     packed = (2 * channels + 1) * FLOAT32
     k = span(n, group)
@@ -258,10 +259,12 @@ def sync_bn_bytes(target: str, n: int, channels: int, group: Optional[int] = Non
         forward, algorithm = ring(k, packed), f"{where} all-reduce over {k} replicas"
     else:
         raise ValueError(f"sync_bn_bytes: unknown target {target!r}")
-    moving = ring(n, packed) if k < n else 0.0
-    return {"packed": packed, "span": k, "forward": forward, "backward": forward, "moving": moving,
+    moving = ring(n, 2 * channels * FLOAT32) if k < n else 0.0
+    backward = forward * 2 * channels / (2 * channels + 1)
+    return {"packed": packed, "span": k, "forward": forward, "backward": backward, "moving": moving,
             "forward_algorithm": algorithm,
-            "moving_algorithm": f"all-reduce over all {n} replicas" if k < n else "none (the same moments)"}
+            "moving_algorithm": (f"the moving mean and variance averaged over all {n} replicas" if k < n
+                                 else "none (the same on every replica)")}
 
 
 def _all_reduce_over_s(hw: Hardware, target: str, replicas: int, num_bytes: float) -> float:
@@ -285,12 +288,14 @@ def _sync_bn_call_s(hw: Hardware, replicas: int, channels: int, backward: bool,
     target = sync_bn_target(hw, replicas)
     moved = sync_bn_bytes(target, replicas, channels, group)
     k = moved["span"]
-    if k < replicas and target == "multi_worker" and k > 1:
-        one = _all_reduce_over_s(hw, target, replicas, replicas // k * moved["packed"])
-    else:
-        one = _all_reduce_over_s(hw, target, k, moved["packed"])
-    passes = 2 if backward else 1
-    return passes * one, passes * moved["forward"], moved
+
+    def one(num_bytes):  # an all-reduce of num_bytes per replica over the group
+        if k < replicas and target == "multi_worker" and k > 1:  # the padded (n / k)-row table
+            return _all_reduce_over_s(hw, target, replicas, replicas // k * num_bytes)
+        return _all_reduce_over_s(hw, target, k, num_bytes)
+
+    seconds = one(moved["packed"]) + (one(2 * channels * FLOAT32) if backward else 0.0)
+    return seconds, moved["forward"] + (moved["backward"] if backward else 0.0), moved
 
 
 @dataclasses.dataclass
@@ -379,9 +384,9 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
             sync_s += seconds
             sync_bytes += moved + record["moving"]
             if record["moving"]:
-                moving.append(record["packed"])
-        # The whole batch's moving statistics (groups only): independent all-reduces, one
-        # per call, or, compiled, one combined by XLA.
+                moving += [channels * FLOAT32] * 2  # the moving mean's average, the variance's
+        # The groups' moving statistics, averaged over all replicas: independent all-reduces,
+        # two per call, or, compiled, one combined by XLA.
         if moving and compiles(fp, hw, st):
             sync_s += _all_reduce_over_s(hw, target, replicas, sum(moving))
         else:

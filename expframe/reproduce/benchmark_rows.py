@@ -127,7 +127,7 @@ def sync_batch_norm(data: dict) -> list[dict]:
             rows.append(row(f"{name} / plain BatchNormalization, step time (paired), {n} replicas, "
                             f"ResNet-50's {r['layers']} batch norms", found["over_plain"]["median"], None,
                             found["over_plain"]))
-        for a, b in (("shipped", "gather"), ("groups_follow", "groups_whole")):
+        for a, b in (("shipped", "gather"), ("groups", "groups_whole")):
             found = summary.get(a, {}).get(f"over_{b}")
             if found:
                 rows.append(row(f"{a} / {b}, step time (paired), {n} replicas", found["median"], None, found))

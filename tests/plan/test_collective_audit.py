@@ -66,11 +66,11 @@ def _before():
 
 def test_sync_batch_norm_elements_are_flat_in_the_replica_count(at_16):
     """Per layer of C channels, per replica: 2C + 1 forward, C in the far branch (first
-    steps only), 2C backward, whatever N; with groups, 2C + 1 more for the whole batch's
-    moving statistics, whatever N."""
+    steps only), 2C backward, whatever N; with groups, 2C more: the moving mean's and
+    variance's averages over all replicas (Replicator.scope()), whatever N."""
     per_layer = sum(5 * c + 1 for c in CHANNELS)                      # 962
     steady = sum(4 * c + 1 for c in CHANNELS)                         # 770
-    grouped, grouped_steady = sum(7 * c + 2 for c in CHANNELS), sum(6 * c + 2 for c in CHANNELS)
+    grouped, grouped_steady = sum(7 * c + 1 for c in CHANNELS), sum(6 * c + 1 for c in CHANNELS)
     on_2, on_8 = collective_table.sync_bn_net(2), collective_table.sync_bn_net(8)
     groups_on_4 = collective_table.sync_bn_net(4, group_size=2)
     on_16, groups_on_16 = at_16["net"]["shipped"], at_16["net"]["shipped_groups_of_2"]

@@ -188,12 +188,15 @@ def test_a_measured_sync_layer_cost_replaces_the_formula():
 
     def sync_s(hw, n):
         return model.plan_row(fp, hw, n, 120, st)["comm_s"] - model.plan_row(plain, hw, n, 120, st)["comm_s"]
-    # The formula: each call's all-reduce of 2 x 64 + 1 float32 sums, forward and backward.
-    packed = (2 * 64 + 1) * 4
-    assert sync_s(cpu, 4) == pytest.approx(7 * 2 * model.ring_all_reduce_s(packed, 4, cpu.intra_host))
+    # The formula: each call's all-reduce of 2 x 64 + 1 float32 sums forward, 2 x 64 backward.
+    packed, back = (2 * 64 + 1) * 4, 2 * 64 * 4
+
+    def call_s(n):
+        return model.ring_all_reduce_s(packed, n, cpu.intra_host) + model.ring_all_reduce_s(back, n, cpu.intra_host)
+    assert sync_s(cpu, 4) == pytest.approx(7 * call_s(4))
     measured = dataclasses.replace(cpu, sync_layer_s={2: 1e-3, 4: 2e-3})
     assert sync_s(measured, 4) == pytest.approx(7 * 2e-3)
-    assert sync_s(measured, 8) == pytest.approx(7 * 2 * model.ring_all_reduce_s(packed, 8, cpu.intra_host))
+    assert sync_s(measured, 8) == pytest.approx(7 * call_s(8))
     assert sync_s(measured, 1) == 0.0
     # A call the step does not differentiate through (a GAN's generator in a discriminator update) costs
     # the forward all-reduce only: half the measured layer.
