@@ -32,7 +32,11 @@ autodiff through the cond would put a second cond, and a collective in it, in th
 backward pass (see `reduced_moments` on why a cond with a collective needs care).
 
 Per call and replica: 2C + 1 floats forward and 2C backward in the steady state,
-C more forward at the first steps. None of it depends on the replica count.
+C more forward at the first steps. None of it depends on the replica count. Where the
+strategy's reduction cannot sit inside a cond (it needs `merge_call`: MirroredStrategy
+over GPUs without groups, MultiWorkerMirroredStrategy;
+`collectives.reduces_in_control_flow`), the second pass runs every step: 3C + 1
+floats in two collectives forward.
 """
 
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -126,6 +130,11 @@ def reduced_moments(sums: Sums, shift, group_size: Optional[int],
             m2 = collectives.all_reduce(centred_squares(mean), "sum", group_size=group_size)
         return mean, tf.math.divide_no_nan(m2, n)
 
+    if not collectives.reduces_in_control_flow(2 * channels + 1, group_size):
+        # The strategy reduces through merge_call, which a cond cannot hold: the second
+        # pass every time (2 collectives forward; exact, whatever the shift).
+        mean, var = second_pass()
+        return mean, var, n
     mean, var = tf.cond(far, second_pass, lambda: (_value(shift, offset.dtype) + offset, shifted_var))
     return mean, var, n
 

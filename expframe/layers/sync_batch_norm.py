@@ -10,16 +10,21 @@ sums (count, x - s, (x - s)^2) per channel around a shift s that every replica h
 with the same value, the layer's moving mean, and ONE all-reduce of those 2C + 1
 floats gives the group's mean s + S1/n and variance S2/n - (S1/n)^2. Around a near
 shift this is exact in float32; TF-Replicator's and Keras' unshifted sums, E[x^2] -
-E[x]^2, are not: for activations of mean 1e3 and std 1 over 4 replicas of 256 they
-gave a relative error of 0.42 in the variance. Where the shift is far from the batch
-mean (the first step: moving mean 0) the reduced sums say so, the same on every
-replica, and a second all-reduce of the squares about the group's mean (C floats)
-replaces the variance: 1e-7 of float64 in that case (tests/layers/
-test_cross_replica_moments.py). Per layer and step a replica sends 2C + 1 floats
-forward and as many backward (the gradient of a sum over replicas is the sum of the
-upstream gradients), whatever the replica count: the N x 3C table the earlier design
-gathered, and merged with Chan's formula, grew with N. The alternatives measured
-(benchmarks/sync_batch_norm.py, docs/results.md) are in docs/programming_model.md.
+E[x]^2, are not: for activations of mean 1e3 and std 1 on 4 replicas they were off
+by 0.11 of the variance. Where the shift is far from the batch mean (the first step:
+moving mean 0) the reduced sums say so, the same on every replica, and a second
+all-reduce of the squares about the group's mean (C floats) replaces the variance:
+1.7e-7 of float64 in that case (tests/layers/test_cross_replica_moments.py). Per
+layer and step a replica sends 2C + 1 floats forward and 2C backward (the gradients
+of the mean and variance, summed over the replicas that share them; the backward pass
+is written out), whatever the replica count: the N x 3C table the earlier design
+gathered, and merged with Chan's formula, grew with N. Measured on CPU replicas
+(benchmarks/sync_batch_norm.py: ResNet-50's 53 batch norms, forward and backward, step
+time over plain batch norm's): 1.58x on 2 replicas and 2.82x on 32, where the gather
+took 1.63x and 4.73x; two collectives per layer (the mean, then the squares about it;
+or replica 0's mean broadcast as the shift) took 1.78x and 1.85x on 2 replicas; the
+unshifted sums 1.35x, with the 0.11 variance error. docs/programming_model.md has the
+table.
 
 Groups (`group_size = k`): replica r normalises with the moments of replicas
 k(r // k) .. k(r // k) + k - 1, one collective group each (`collectives.all_reduce(
@@ -31,11 +36,12 @@ between the groups' means (about var / (group's count) for independent samples:
 1e-4 of it for ResNet-50's smallest batch norm in groups of 8 cores of 32 images).
 Measured against the whole batch's statistics (one more all-reduce of the shifted
 sums over all replicas, beside the group's) on CPU replicas, the average cost less:
-step time over plain batch norm 1.69x against 2.90x on 16 replicas in groups of 2
-(benchmarks/sync_batch_norm.py, ResNet-50's 53 batch norms); on accelerators both
-are one O(C) all-reduce per layer. Without groups the moving statistics are the
-global batch's, the same update on every replica: they are created under
-`identical_updates()`, which tells `Replicator.scope()` not to average them.
+step time over plain batch norm 1.79x against 2.66x on 16 replicas in groups of 2,
+1.99x against 3.60x on 32 (benchmarks/sync_batch_norm.py, ResNet-50's 53 batch
+norms, docs/results.md); on accelerators both are one O(C) all-reduce per layer.
+Without groups the moving statistics are the global batch's, the same update on every
+replica: they are created under `identical_updates()`, which tells
+`Replicator.scope()` not to average them.
 Mixed precision: 16-bit inputs are cast to float32 before any moment is taken.
 
 This layer overrides Keras' private `BatchNormalization._moments` and reads
@@ -93,8 +99,8 @@ class SyncBatchNorm(keras.layers.BatchNormalization):
       group_size: if set, normalise with the moments of groups of `group_size`
         consecutive replicas (replica r is in group r // group_size), as the large
         published runs do (MLPerf's TPU ResNet-50: 8 cores; NVIDIA's GPU runs: 1 GPU).
-        Each group reduces within itself only. The moving statistics still follow
-        the moments of the whole global batch, so they are identical on every replica.
+        Each group reduces within itself only. The moving statistics are the
+        groups', averaged over the replicas at every update (one copy).
       **kwargs: those of `keras.layers.BatchNormalization` (`synchronized` is
         ignored: this layer is always synchronised through expframe's collectives).
     """

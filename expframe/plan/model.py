@@ -40,7 +40,10 @@ Communication is what the step's code does (`Footprint.all_reduce_bytes` and
   replicas, a `group_assignment` on a TPU (a group of k cores spans k / 2 chips of the
   torus), and on multi-worker clusters, which have no group collectives, one
   all-reduce of a zero-padded (n / k)-row table; where the step differentiates
-  through the call the backward pass all-reduces 2C floats over the same replicas.
+  through the call the backward pass all-reduces 2C floats over the same replicas;
+  where the reduction cannot sit in a cond (it needs merge_call: one host's GPUs without
+  groups, multi-worker clusters), the second pass (C floats) runs every step
+  (`second_pass_every_step`).
   With groups, the moving mean and variance (each group's) are averaged over all
   replicas at every update (Replicator.scope()'s MEAN aggregation: C floats each),
   waiting on nothing: where the step is compiled (XLA) the step's such all-reduces are
@@ -231,37 +234,54 @@ def span(n: int, group: Optional[int]) -> int:
     return n if group is None or group >= n else int(group)
 
 
+def second_pass_every_step(target: str, n: int, group: Optional[int]) -> bool:
+    """Whether the SyncBatchNorm call's second pass (C floats) runs every step on this
+    target: where its reduction goes through merge_call, which a cond cannot hold
+    (`collectives.reduces_in_control_flow`): one host's GPUs without groups, multi-worker
+    clusters always. CPU replicas, TPUs, and groups on GPUs decide per step (the steady
+    state: one pass)."""
+    k = span(n, group)
+    if k <= 1:
+        return False
+    return target == "multi_worker" or (target == "gpu" and k == n)
+
+
 def sync_bn_bytes(target: str, n: int, channels: int, group: Optional[int] = None) -> Dict:
     """Bytes one SyncBatchNorm call moves through the busiest device's links, per pass, as
-    `cross_replica_moments` reduces its 2C + 1 float32 shifted sums on each target.
+    `cross_replica_moments` reduces its 2C + 1 float32 shifted sums on each target (and,
+    where `second_pass_every_step`, its C squares about the mean).
 
     Returns {'packed': bytes of one replica's sums, 'span': replicas reduced over,
-    'forward', 'backward' (the gradient: 2C floats over the same replicas),
-    'moving' (groups only: the moving mean's and variance's averages over all n, C
-    floats each, by Replicator.scope()'s MEAN aggregation), 'forward_algorithm',
-    'moving_algorithm'}. A ring all-reduce of b bytes over m replicas moves 2(m - 1)/m x
-    b through each.
+    'passes': the forward all-reduces' bytes per replica, 'forward', 'backward' (the
+    gradient: 2C floats over the same replicas), 'moving' (groups only: the moving
+    mean's and variance's averages over all n, C floats each, by Replicator.scope()'s
+    MEAN aggregation), 'forward_algorithm', 'moving_algorithm'}. A ring all-reduce of b
+    bytes over m replicas moves 2(m - 1)/m x b through each.
     """
     packed = (2 * channels + 1) * FLOAT32
     k = span(n, group)
+    passes = [packed] + ([channels * FLOAT32] if second_pass_every_step(target, n, group) else [])
 
     def ring(m, b):
         return 2 * (m - 1) / m * b if m > 1 else 0.0
 
+    if target not in ("cpu", "gpu", "tpu", "multi_worker"):
+        raise ValueError(f"sync_bn_bytes: unknown target {target!r}")
     if k <= 1:
-        forward, algorithm = 0.0, "none (a group of 1 replica)"
+        passes, forward, backward, algorithm = [], 0.0, 0.0, "none (a group of 1 replica)"
     elif k < n and target == "multi_worker":
         # No group collectives: every group writes its row of an (n / k)-row table, summed over all n.
-        forward, algorithm = ring(n, n // k * packed), f"all-reduce of a zero-padded {n // k}-row table over {n}"
-    elif target in ("cpu", "gpu", "tpu", "multi_worker"):
+        forward = sum(ring(n, n // k * b) for b in passes)
+        backward = ring(n, n // k * 2 * channels * FLOAT32)
+        algorithm = f"all-reduce of a zero-padded {n // k}-row table over {n}"
+    else:
         where = {"cpu": "own CollectiveReduce", "gpu": "NCCL" if k == n else "own CollectiveReduce",
                  "tpu": "cross_replica_sum", "multi_worker": "CollectiveAllReduce"}[target]
-        forward, algorithm = ring(k, packed), f"{where} all-reduce over {k} replicas"
-    else:
-        raise ValueError(f"sync_bn_bytes: unknown target {target!r}")
+        forward, backward = sum(ring(k, b) for b in passes), ring(k, 2 * channels * FLOAT32)
+        algorithm = f"{where} all-reduce over {k} replicas" + (", and the second pass" if len(passes) > 1 else "")
     moving = ring(n, 2 * channels * FLOAT32) if k < n else 0.0
-    backward = forward * 2 * channels / (2 * channels + 1)
-    return {"packed": packed, "span": k, "forward": forward, "backward": backward, "moving": moving,
+    return {"packed": packed, "span": k, "passes": passes, "forward": forward, "backward": backward,
+            "moving": moving,
             "forward_algorithm": algorithm,
             "moving_algorithm": (f"the moving mean and variance averaged over all {n} replicas" if k < n
                                  else "none (the same on every replica)")}
@@ -294,7 +314,7 @@ def _sync_bn_call_s(hw: Hardware, replicas: int, channels: int, backward: bool,
             return _all_reduce_over_s(hw, target, replicas, replicas // k * num_bytes)
         return _all_reduce_over_s(hw, target, k, num_bytes)
 
-    seconds = one(moved["packed"]) + (one(2 * channels * FLOAT32) if backward else 0.0)
+    seconds = sum(one(b) for b in moved["passes"]) + (one(2 * channels * FLOAT32) if backward and k > 1 else 0.0)
     return seconds, moved["forward"] + (moved["backward"] if backward else 0.0), moved
 
 

@@ -31,8 +31,9 @@ moves O(size) bytes whatever the replica count (as JAX's `psum(axis_index_groups
   * MirroredStrategy (CPU and GPU devices): each group is a collective group of its
     own (its own group key over its k devices), met by the replica's own op as above;
   * TPUStrategy: `cross_replica_sum` with a `group_assignment` of the n // k groups
-    (what MLPerf's TPU ResNet-50 normalises with). Written to TensorFlow's documented
-    op, not run on a TPU here;
+    (what MLPerf's TPU ResNet-50 normalises with). On a TPU every sum and mean, grouped
+    or not, is one `cross_replica_sum` (what TPUStrategy's own reduction compiles to,
+    without its merge_call). Written to TensorFlow's op, not run on a TPU here;
   * other strategies (MultiWorkerMirrored, which has no group collectives in its
     replica context): one all-reduce of a zero-padded (n // k) x size table, each group
     writing its own row. Exact, but its bytes grow as n / k: the one exception.
@@ -103,10 +104,15 @@ def _own_collective(ctx, tensor, group_size=None):
     With `group_size` k (below the replica count), the group is this replica's k
     consecutive devices, a collective group with its own key; the op is then also
     used on GPUs, where the strategy's reductions have no groups."""
-    if not tf.inside_function() or tensor.dtype not in _OWN_DTYPES:
+    return _own_group(ctx, tensor.shape.num_elements(), tensor.dtype, group_size)
+
+
+def _own_group(ctx, num_elements, dtype, group_size=None):
+    """`_own_collective` for a buffer of `num_elements` of `dtype`."""
+    if not tf.inside_function() or dtype not in _OWN_DTYPES:
         return None
     grouped = group_size is not None
-    if not grouped and (tensor.shape.num_elements() or _OWN_MAX_ELEMENTS + 1) > _OWN_MAX_ELEMENTS:
+    if not grouped and (num_elements or _OWN_MAX_ELEMENTS + 1) > _OWN_MAX_ELEMENTS:
         return None
     strategy = tf.distribute.get_strategy()
     if type(strategy) is not tf.distribute.MirroredStrategy:  # pylint: disable=unidiomatic-typecheck
@@ -158,10 +164,34 @@ def _own_sum(tensor, group):
     return summed(tensor)
 
 
-def _tpu_group_sum(tensor, n, group_size):
-    """Sum within TPU replica groups: `cross_replica_sum` with a `group_assignment`
-    (its registered gradient sums the upstream gradients over the same groups)."""
+def _is_tpu(strategy) -> bool:
+    return isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
+
+
+def reduces_in_control_flow(num_elements: int, group_size: Optional[int] = None) -> bool:
+    """Whether `all_reduce(x, "sum", group_size)` of `num_elements` float32 can run inside
+    a `tf.cond` (every replica taking the same branch).
+
+    It can where the reduction is one op of this replica's: its own collective op
+    (MirroredStrategy on CPU, and groups on GPU), a TPU's `cross_replica_sum`, or no
+    reduction at all (one replica, groups of one). The strategy's own reductions
+    (MirroredStrategy's NCCL without groups, MultiWorkerMirroredStrategy) go through
+    `merge_call`, which control flow cannot hold."""
+    n = num_replicas()
+    group_size = check_group_size(group_size, n)
+    if n == 1 or group_size == 1 or _is_tpu(tf.distribute.get_strategy()):
+        return True
+    return _own_group(_context(), num_elements, tf.float32, group_size) is not None
+
+
+def _tpu_group_sum(tensor, n, group_size=None):
+    """Sum over TPU replicas: `cross_replica_sum`, what TPUStrategy's own reduction
+    compiles to, called here without its merge_call (so it can sit in a cond); with
+    `group_size`, a `group_assignment` of the groups. Its registered gradient sums the
+    upstream gradients over the same replicas."""
     from tensorflow.python.tpu.ops import tpu_ops  # pylint: disable=import-outside-toplevel
+    if group_size is None:
+        return tpu_ops.cross_replica_sum(tensor)
     groups = [list(range(g, g + group_size)) for g in range(0, n, group_size)]
     return tpu_ops.cross_replica_sum(tensor, group_assignment=groups)
 
@@ -182,7 +212,7 @@ def _group_sum(ctx, tensor, group_size):
     group = _own_collective(ctx, tensor, group_size)
     if group is not None:
         return _own_sum(tensor, group)
-    if isinstance(tf.distribute.get_strategy(), (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
+    if _is_tpu(tf.distribute.get_strategy()):
         return _tpu_group_sum(tensor, ctx.num_replicas_in_sync, group_size)
     return _padded_group_sum(ctx, tensor, group_size)
 
@@ -196,6 +226,13 @@ def _reduce_batch(ctx, reduce_op, batch, group_size=None):
             out[i] = _group_sum(ctx, t, group_size)
             if reduce_op == tf.distribute.ReduceOp.MEAN:
                 out[i] = out[i] / tf.cast(group_size, t.dtype)
+        return out
+    if _is_tpu(tf.distribute.get_strategy()):
+        n = ctx.num_replicas_in_sync
+        for i, t in enumerate(batch):
+            out[i] = _tpu_group_sum(t, n)
+            if reduce_op == tf.distribute.ReduceOp.MEAN:
+                out[i] = out[i] / tf.cast(n, t.dtype)
         return out
     theirs = []
     for i, t in enumerate(batch):

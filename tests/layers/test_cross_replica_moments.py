@@ -87,3 +87,23 @@ class CrossReplicaMomentsTest(support.TestCase):
         tf.function(lambda v: rep.run(lambda x: layer(x, training=True), v))(
             support.per_replica(rep, lambda r: parts[r]))
         self.assertLess(_relative_error(rep.local_results(layer.moving_variance.value)[0], parts), 1e-4)
+
+    def test_where_a_cond_cannot_hold_the_reduction_the_second_pass_runs_every_step(self):
+        """MirroredStrategy over GPUs, MultiWorkerMirroredStrategy: their reductions go through
+        merge_call, which a cond cannot hold; here forced on CPU replicas."""
+        from expframe.replicator import collectives  # pylint: disable=import-outside-toplevel
+        parts = _parts([1000.0] * REPLICAS, seed=3)
+        real = collectives.reduces_in_control_flow
+        collectives.reduces_in_control_flow = lambda *args, **kwargs: False
+        try:
+            _, variances = _moments(parts, [0.0] * CHANNELS)
+            rep = support.replicator("cpu", 2)
+            fn = tf.function(lambda v: rep.run(lambda x: cross_replica_moments.moments(
+                x, [0], None, tf.zeros([CHANNELS])), v))
+            graph = fn.get_concrete_function(support.per_replica(rep, lambda r: parts[r])).graph
+        finally:
+            collectives.reduces_in_control_flow = real
+        self.assertLess(_relative_error(variances[0], parts), 1e-4)
+        self.assertNotIn("If", {op.type for op in graph.get_operations()})
+        every = sorted(o["elements"] for o in collective_audit.traced_collectives(graph))
+        self.assertEqual(every, [CHANNELS] * 2 + [2 * CHANNELS + 1] * 2)  # both passes, unconditionally

@@ -193,3 +193,29 @@ class GroupedAllReduceTest(support.TestCase):
             rep.run(lambda: xf.all_reduce(tf.constant(1.0), "sum", group_size=0))
         with self.assertRaisesRegex(ValueError, "op='max' with group_size: only 'sum' and 'mean'"):
             rep.run(lambda: xf.all_reduce(tf.constant(1.0), "max", group_size=2))
+
+    def test_strategies_without_group_collectives_sum_a_padded_table_per_group(self):
+        # MultiWorkerMirroredStrategy has no group collectives: each group writes its row of
+        # an (n / k)-row table that all replicas sum. Here forced on CPU replicas.
+        from expframe.replicator import collectives  # pylint: disable=import-outside-toplevel
+        rep = support.replicator("cpu", 4)
+
+        def step(r):
+            x = tf.stack([tf.cast(r, tf.float32), 1.0])
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                summed = xf.all_reduce(x, "sum", group_size=2)
+                loss = tf.cast(r + 1, tf.float32) * tf.reduce_sum(summed)
+            return summed, tape.gradient(loss, x)
+
+        own = collectives._own_collective  # noqa: SLF001
+        collectives._own_collective = lambda ctx, t, group_size=None: (  # noqa: SLF001
+            None if group_size else own(ctx, t))
+        try:
+            out = tf.function(lambda v: rep.run(step, v))(self.per_replica(rep, lambda r: r))
+        finally:
+            collectives._own_collective = own  # noqa: SLF001
+        for r, (summed, grad) in enumerate(rep.local_results(out)):
+            group = range(r // 2 * 2, r // 2 * 2 + 2)
+            np.testing.assert_allclose(summed, [sum(group), 2.0])
+            np.testing.assert_allclose(grad, [sum(s + 1.0 for s in group)] * 2)
