@@ -163,6 +163,7 @@ def test_the_benchmarks_set_runs_no_quick_script_and_enough_repeats():
         args = registry.get(name).args
         assert args[args.index("--repeats") + 1] == str(spread.REPEATS), name
     assert {b.name for b in registry.BENCHMARKS if b.repeated} == {"runner_overhead", "resnet50_throughput",
-                                                                   "scaling", "collectives"}
-    # The set's time as docs/reproducing.md states it: 68 min measured, 72 as --list rounds it up.
-    assert sum(b.minutes for b in registry.BENCHMARKS) == 72
+                                                                   "scaling", "collectives", "sync_batch_norm"}
+    # The set's time as docs/reproducing.md states it: 68 min measured before sync_batch_norm's
+    # estimated 45 (issue 59), 117 as --list rounds it up.
+    assert sum(b.minutes for b in registry.BENCHMARKS) == 117

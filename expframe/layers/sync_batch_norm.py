@@ -2,32 +2,47 @@
 
 `SyncBatchNorm` is `keras.layers.BatchNormalization` with one change: in training
 the moments are those of the *global* batch (all replicas, or groups of
-`group_size` replicas), computed with one collective. Same constructor, same
-weights in the same order, same results on one replica.
+`group_size` replicas). Same constructor, same weights in the same order (a
+checkpoint of either restores into the other), same results on one replica.
 
-How the moments are combined, and why. The usual one-collective recipe all-reduces
-(sum x, sum x^2, count) and takes var = E[x^2] - E[x]^2. In float32 that cancels
-catastrophically when |mean| >> std: for activations with mean 1e3 and std 1 over
-4 replicas of 256 it gave a relative error of 0.38 in the variance, where the
-method below gave 2e-5 (float64 reference; tests/layers/test_sync_batch_norm.py). A two-pass variant
-(all-reduce the mean, then the centred squares) is exact but costs two collective
-latencies per layer. Here each replica computes its own (count, mean, M2 = sum of
-squared deviations from its own mean) stably, ONE all_gather shares the
-N x (2C + 1) table, and every replica merges it with Chan et al.'s parallel formula:
+How the moments are combined (expframe/layers/cross_replica_moments.py). Each replica
+sums (count, x - s, (x - s)^2) per channel around a shift s that every replica holds
+with the same value, the layer's moving mean, and ONE all-reduce of those 2C + 1
+floats gives the group's mean s + S1/n and variance S2/n - (S1/n)^2. Around a near
+shift this is exact in float32; TF-Replicator's and Keras' unshifted sums, E[x^2] -
+E[x]^2, are not: for activations of mean 1e3 and std 1 on 4 replicas they were off
+by 0.11 of the variance. Where the shift is far from the batch mean (the first step:
+moving mean 0) the reduced sums say so, the same on every replica, and a second
+all-reduce of the squares about the group's mean (C floats) replaces the variance:
+1.7e-7 of float64 in that case (tests/layers/test_cross_replica_moments.py). Per
+layer and step a replica sends 2C + 1 floats forward and 2C backward (the gradients
+of the mean and variance, summed over the replicas that share them; the backward pass
+is written out), whatever the replica count: the N x 3C table the earlier design
+gathered, and merged with Chan's formula, grew with N. Measured on CPU replicas
+(benchmarks/sync_batch_norm.py: ResNet-50's 53 batch norms, forward and backward, step
+time over plain batch norm's): 1.58x on 2 replicas and 2.82x on 32, where the gather
+took 1.63x and 4.73x; two collectives per layer (the mean, then the squares about it;
+or replica 0's mean broadcast as the shift) took 1.78x and 1.85x on 2 replicas; the
+unshifted sums 1.35x, with the 0.11 variance error. docs/programming_model.md has the
+table.
 
-    mean = sum_r n_r m_r / n,   M2 = sum_r M2_r + sum_r n_r (m_r - mean)^2
-
-which has no large-number cancellation. The table is tiny (N rows of 2C+1), so
-gathering costs the same one collective latency as an all-reduce. Gradients flow
-through the gather (its gradient sums the upstream gradients over replicas and
-returns each replica its slice), so d loss / d x is exact. On CPU replicas the
-gather is each replica's own collective op (expframe/replicator/collectives.py),
-which keeps tracing the backward pass of a 53-BN-layer ResNet-50 linear in depth.
-
-The moving statistics follow the global batch, so they are the same on every
+Groups (`group_size = k`): replica r normalises with the moments of replicas
+k(r // k) .. k(r // k) + k - 1, one collective group each (`collectives.all_reduce(
+group_size=k)`): a group costs its group, not the world. The moving statistics are
+the groups', averaged over all replicas at every update by `Replicator.scope()` (MEAN
+aggregation, as for plain `keras.layers.BatchNormalization`): one copy, the whole
+batch's mean and the mean of the groups' variances, which misses the variance
+between the groups' means (about var / (group's count) for independent samples:
+1e-4 of it for ResNet-50's smallest batch norm in groups of 8 cores of 32 images).
+Measured against the whole batch's statistics (one more all-reduce of the shifted
+sums over all replicas, beside the group's) on CPU replicas, the average cost less:
+step time over plain batch norm 1.79x against 2.66x on 16 replicas in groups of 2,
+1.99x against 3.60x on 32 (benchmarks/sync_batch_norm.py, ResNet-50's 53 batch
+norms, docs/results.md); on accelerators both are one O(C) all-reduce per layer.
+Without groups the moving statistics are the global batch's, the same update on every
 replica: they are created under `identical_updates()`, which tells
-`Replicator.scope()` not to average their updates over replicas (it does so for
-plain `keras.layers.BatchNormalization`, whose statistics differ per replica).
+`Replicator.scope()` not to average them.
+Mixed precision: 16-bit inputs are cast to float32 before any moment is taken.
 
 This layer overrides Keras' private `BatchNormalization._moments` and reads
 `_reduction_axes`; importing the module checks that Keras still has and uses them
@@ -41,6 +56,7 @@ import keras
 import tensorflow as tf
 
 from expframe.errors import ConfigError
+from expframe.layers import cross_replica_moments
 from expframe.replicator import collectives, keras_hooks
 from expframe.replicator.replicator import identical_updates
 
@@ -71,36 +87,6 @@ def _refuse_asynchronous() -> None:
         f"asynchronously: there is no global batch); use {fix} (per-worker statistics) for that target.")
 
 
-def _local_moments(x, axes, mask):
-    """(count, mean, M2) of x over `axes` on this replica, in float32, shape [C]."""
-    if mask is None:
-        shape = tf.shape(x)
-        count = tf.cast(tf.reduce_prod(tf.gather(shape, axes)), x.dtype)
-        mean = tf.reduce_mean(x, axis=axes)
-        centred = x - tf.reshape(mean, _keep_shape(x, axes))
-        m2 = tf.reduce_sum(tf.square(centred), axis=axes)
-        count = tf.fill(tf.shape(mean), count)
-        return count, mean, m2
-    weight = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), x.dtype), tf.shape(x))
-    count = tf.reduce_sum(weight, axis=axes)
-    mean = tf.math.divide_no_nan(tf.reduce_sum(weight * x, axis=axes), count)
-    centred = x - tf.reshape(mean, _keep_shape(x, axes))
-    m2 = tf.reduce_sum(weight * tf.square(centred), axis=axes)
-    return count, mean, m2
-
-
-def _keep_shape(x, axes):
-    return [1 if i in axes else -1 for i in range(x.shape.rank)]
-
-
-def merge_moments(counts, means, m2s):
-    """Chan's parallel merge over the leading axis. Returns (mean, variance)."""
-    total = tf.reduce_sum(counts, axis=0)
-    mean = tf.math.divide_no_nan(tf.reduce_sum(counts * means, axis=0), total)
-    m2 = tf.reduce_sum(m2s, axis=0) + tf.reduce_sum(counts * tf.square(means - mean), axis=0)
-    return mean, tf.math.divide_no_nan(m2, total)
-
-
 @keras.saving.register_keras_serializable(package="expframe")
 class SyncBatchNorm(keras.layers.BatchNormalization):
     """Batch normalisation with moments over the global batch of all replicas.
@@ -111,9 +97,10 @@ class SyncBatchNorm(keras.layers.BatchNormalization):
 
     Args:
       group_size: if set, normalise with the moments of groups of `group_size`
-        consecutive replicas (replica r is in group r // group_size), as for very
-        large replica counts. The moving statistics still follow the moments of the
-        whole global batch, so they are identical on every replica.
+        consecutive replicas (replica r is in group r // group_size), as the large
+        published runs do (MLPerf's TPU ResNet-50: 8 cores; NVIDIA's GPU runs: 1 GPU).
+        Each group reduces within itself only. The moving statistics are the
+        groups', averaged over the replicas at every update (one copy).
       **kwargs: those of `keras.layers.BatchNormalization` (`synchronized` is
         ignored: this layer is always synchronised through expframe's collectives).
     """
@@ -128,58 +115,32 @@ class SyncBatchNorm(keras.layers.BatchNormalization):
             raise ConfigError("SyncBatchNorm: group_size with renorm=True is not supported; drop one of them.")
         self.group_size = group_size
 
-    def _gathered_moments(self, inputs, mask):
-        """Returns ((mean, var) to normalise with, (mean, var) of the whole batch)."""
-        n = collectives.num_replicas()
-        axes = list(self._reduction_axes)
-        count, mean, m2 = _local_moments(inputs, axes, mask)
-        if n == 1:
-            moments = merge_moments(count[None], mean[None], m2[None])
-            return moments, moments
-        channels = tf.shape(mean)[0]
-        table = collectives.all_gather(tf.concat([count, mean, m2], axis=0)[None], axis=0)
-        counts, means, m2s = table[:, :channels], table[:, channels:2 * channels], table[:, 2 * channels:]
-        whole = merge_moments(counts, means, m2s)
-        group = self.group_size
-        if group is None or group >= n:
-            return whole, whole
-        g = collectives.replica_id() // group
-        def pick(t):
-            return tf.reshape(t, [n // group, group, -1])[g]
-
-        return merge_moments(pick(counts), pick(means), pick(m2s)), whole
-
     def build(self, input_shape):
         n = collectives.num_replicas()
-        if self.group_size is not None and self.group_size < n and n % self.group_size:
-            raise ConfigError(
-                f"SyncBatchNorm group_size={self.group_size} does not divide the {n} replicas; "
-                f"use a divisor of {n}.")
-        with identical_updates():
+        try:
+            group = collectives.check_group_size(self.group_size, n, "SyncBatchNorm group_size")
+        except ValueError as e:
+            raise ConfigError(f"{e} (SyncBatchNorm.group_size in gin)") from None
+        if group is None:
+            # The global batch's statistics: the same update on every replica, no average.
+            with identical_updates():
+                super().build(input_shape)
+        else:
+            # Each group's statistics, averaged over the replicas at every update by
+            # Replicator.scope() (MEAN aggregation, as for keras BatchNormalization).
             super().build(input_shape)
+
+    def _group(self) -> Optional[int]:
+        """The group size to normalise over (None: all replicas)."""
+        return collectives.check_group_size(self.group_size, collectives.num_replicas())
 
     def _moments(self, inputs, mask):
         collectives.require_synchronous("SyncBatchNorm")
-        if collectives.num_replicas() == 1 and self.group_size is None:
+        if collectives.num_replicas() == 1:
             # Exactly keras.layers.BatchNormalization on one device.
             return super()._moments(inputs, mask)
-        return self._gathered_moments(inputs, mask)[0]
-
-    def call(self, inputs, training=None, mask=None):
-        if not (training and self.trainable) or self.group_size is None:
-            return super().call(inputs, training=training, mask=mask)
-        collectives.require_synchronous("SyncBatchNorm")
-        # group_size: normalise with the group's moments, track the whole batch's.
-        x = tf.cast(inputs, "float32") if inputs.dtype in (tf.float16, tf.bfloat16) else inputs
-        (mean, var), (whole_mean, whole_var) = self._gathered_moments(x, mask)
-        self.moving_mean.assign(self.moving_mean * self.momentum + whole_mean * (1.0 - self.momentum))
-        self.moving_variance.assign(
-            self.moving_variance * self.momentum + whole_var * (1.0 - self.momentum))
-        outputs = keras.ops.batch_normalization(
-            x, mean=mean, variance=var, axis=self.axis,
-            offset=self.beta if self.center else None, scale=self.gamma if self.scale else None,
-            epsilon=self.epsilon)
-        return tf.cast(outputs, self.compute_dtype)
+        return cross_replica_moments.moments(inputs, list(self._reduction_axes), mask, self.moving_mean,
+                                             self._group())
 
     def get_config(self):
         config = super().get_config()

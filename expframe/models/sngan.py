@@ -80,14 +80,15 @@ def _downsample(x):
 class GeneratorBlock(keras.layers.Layer):
     """Residual up-sampling block with class-conditional batch norm; call([x, labels])."""
 
-    def __init__(self, filters: int, num_classes: int, use_sn: bool = False, **kwargs):
+    def __init__(self, filters: int, num_classes: int, use_sn: bool = False, group_size: Optional[int] = None,
+                 **kwargs):
         super().__init__(**kwargs)
-        self.filters, self.num_classes, self.use_sn = filters, num_classes, use_sn
-        self.bn1 = ConditionalBatchNorm(num_classes, name="bn1")
+        self.filters, self.num_classes, self.use_sn, self.group_size = filters, num_classes, use_sn, group_size
+        self.bn1 = ConditionalBatchNorm(num_classes, group_size=group_size, name="bn1")
         # No biases: every output here feeds a batch norm, which would cancel them.
         conv = functools.partial(SNConv2D, use_sn=use_sn, use_bias=False)
         self.conv1 = conv(filters, 3, kernel_initializer=_residual_init(), name="conv1")
-        self.bn2 = ConditionalBatchNorm(num_classes, name="bn2")
+        self.bn2 = ConditionalBatchNorm(num_classes, group_size=group_size, name="bn2")
         self.conv2 = conv(filters, 3, kernel_initializer=_residual_init(), name="conv2")
         self.shortcut = conv(filters, 1, name="shortcut")
 
@@ -113,7 +114,8 @@ class GeneratorBlock(keras.layers.Layer):
         return (x_shape[0], x_shape[1] * 2, x_shape[2] * 2, self.filters)
 
     def get_config(self):
-        return dict(super().get_config(), filters=self.filters, num_classes=self.num_classes, use_sn=self.use_sn)
+        return dict(super().get_config(), filters=self.filters, num_classes=self.num_classes, use_sn=self.use_sn,
+                    group_size=self.group_size)
 
 
 @keras.saving.register_keras_serializable(package="expframe")
@@ -172,7 +174,7 @@ def _check(image_size, num_classes, ch, name):
 @gin.configurable
 def sngan_generator(image_size: int, num_classes: int, ch: int = 64, z_dim: int = 128,
                     spectral_norm: bool = False, widths: Optional[Sequence[int]] = None,
-                    class_input: bool = False) -> keras.Model:
+                    class_input: bool = False, bn_group_size: Optional[int] = None) -> keras.Model:
     """The class-conditional ResNet generator.
 
     Args:
@@ -186,6 +188,8 @@ def sngan_generator(image_size: int, num_classes: int, ch: int = 64, z_dim: int 
       class_input: also feed the one-hot label to the first dense layer, beside z
         (not in the paper, where labels enter through the batch norms only; it lets
         a short run separate the classes sooner).
+      bn_group_size: `SyncBatchNorm.group_size` of every batch norm: the replicas whose
+        batch statistics each normalises with (None: the whole global batch).
 
     Returns:
       A Keras model: [z float [B, z_dim], labels int [B]] -> images float32 [B, H, W, 3] in [-1, 1].
@@ -208,8 +212,9 @@ def sngan_generator(image_size: int, num_classes: int, ch: int = 64, z_dim: int 
     h = SNDense(BOTTOM_WIDTH * BOTTOM_WIDTH * widths[0], use_sn=spectral_norm, use_bias=False, name="dense")(h)
     h = keras.layers.Reshape((BOTTOM_WIDTH, BOTTOM_WIDTH, widths[0]))(h)
     for i, width in enumerate(widths[1:], start=1):
-        h = GeneratorBlock(width, num_classes, use_sn=spectral_norm, name=f"block{i}")([h, labels])
-    h = SyncBatchNorm(momentum=0.9, epsilon=2e-5, name="bn")(h)
+        h = GeneratorBlock(width, num_classes, use_sn=spectral_norm, group_size=bn_group_size,
+                           name=f"block{i}")([h, labels])
+    h = SyncBatchNorm(momentum=0.9, epsilon=2e-5, group_size=bn_group_size, name="bn")(h)
     h = keras.layers.ReLU()(h)
     h = SNConv2D(3, 3, use_sn=spectral_norm, name="to_rgb")(h)
     images = keras.layers.Activation("tanh", dtype="float32", name="images")(h)

@@ -9,7 +9,7 @@ trained) and its train step traced: FLOPs, parameter, gradient, slot and activat
 bytes are measured (expframe/plan/measure.py). The device comes from the catalogue
 (expframe/plan/hardware.json, each value with its published source) or, for `cpu`, is
 measured here. The model (expframe/plan/model.py): step = compute + HBM traffic + the
-step's collectives (every update's all-reduce, every SyncBatchNorm gather) + input +
+step's collectives (every update's all-reduce, every SyncBatchNorm all-reduce) + input +
 host, no overlap; the device model's parameters are fitted to published measurements
 (expframe/plan/anchors.py). Prints one table, writes JSON with --out.
 

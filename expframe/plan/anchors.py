@@ -38,7 +38,8 @@ def load() -> dict:
 
 def experiment_footprint(data: Optional[dict] = None) -> model.Footprint:
     """This framework's ResNet-50 step as experiments/resnet50_imagenet_gpu.gin trains it
-    (anchors.json holds its measured footprint): SyncBatchNorm over the global batch."""
+    (anchors.json holds its measured footprint): SyncBatchNorm over groups of one GPU, as
+    it binds (each call's [channels, differentiated, group_size])."""
     stored = {k: v for k, v in (data or load())["footprint"].items() if not k.startswith("_")}
     return model.Footprint(**stored)
 

@@ -16,9 +16,9 @@ batches; its train step is traced through `Replicator.run` (nothing is executed)
   224-px image, tests/plan/test_measure.py);
 * collectives: what the step all-reduces through `expframe.replicator.collectives`
   (every optimizer update's gradients: a GAN's `disc_steps` discriminator updates and
-  its generator update) and every training-mode `SyncBatchNorm` call (its channels, and
-  whether the step differentiates through it, which adds the gather's backward), both
-  recorded while the step is traced;
+  its generator update) and every training-mode `SyncBatchNorm` call (its channels, its
+  group size, and whether the step differentiates through it, which adds its
+  all-reduce's backward), both recorded while the step is traced;
 * kernels under XLA: convolutions, matmuls and their gradients, each with a fusion
   around it, and one fused update per trained variable (what a compiled step launches);
 * parameter, gradient and slot bytes: the model's variables, the trainable ones (what
@@ -150,16 +150,24 @@ def recording_collectives():
     record = {"all_reduce": [], "sync_bn": []}
     all_reduce, call = collectives.all_reduce, SyncBatchNorm.call
 
-    def recorded_all_reduce(x, op="sum"):
-        record["all_reduce"].append({"bytes": _nbytes([tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]),
-                                     "op": op})
-        return all_reduce(x, op)
+    inside_norm = []
+
+    def recorded_all_reduce(x, op="sum", group_size=None):
+        if not inside_norm:  # a batch norm's own sums are priced per call (sync_bn), not here
+            record["all_reduce"].append({"bytes": _nbytes([tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]),
+                                         "op": op})
+        return all_reduce(x, op, group_size=group_size)
 
     def recorded_call(layer, inputs, training=None, mask=None):
         if training and layer.trainable:
             axis = layer.axis if isinstance(layer.axis, int) else layer.axis[-1]
-            record["sync_bn"].append({"channels": int(inputs.shape[axis]), "scope": tf.get_current_name_scope()})
-        return call(layer, inputs, training=training, mask=mask)
+            record["sync_bn"].append({"channels": int(inputs.shape[axis]), "scope": tf.get_current_name_scope(),
+                                      "group_size": layer.group_size})
+        inside_norm.append(layer)
+        try:
+            return call(layer, inputs, training=training, mask=mask)
+        finally:
+            inside_norm.pop()
 
     collectives.all_reduce, SyncBatchNorm.call = recorded_all_reduce, recorded_call
     try:
@@ -168,15 +176,15 @@ def recording_collectives():
         collectives.all_reduce, SyncBatchNorm.call = all_reduce, call
 
 
-def sync_bn_calls(graph: tf.Graph, calls: List[Dict]) -> List[Tuple[int, bool]]:
-    """(channels, backward) per recorded SyncBatchNorm call: backward when the step
-    differentiates through the call (an op of its scope under `gradient_tape/`), which
-    adds the gather's gradient, an all-reduce of the gathered table."""
+def sync_bn_calls(graph: tf.Graph, calls: List[Dict]) -> List[Tuple[int, bool, Optional[int]]]:
+    """(channels, backward, group size) per recorded SyncBatchNorm call: backward when the
+    step differentiates through the call (an op of its scope under `gradient_tape/`), which
+    adds the gradient of its all-reduce, as many floats over the same replicas."""
     names = [op.name for op in graph.get_operations() if _BACKWARD.search(op.name)]
     out = []
     for c in calls:
         prefix = f"gradient_tape/{c['scope']}/" if c["scope"] else None
-        out.append((c["channels"], bool(prefix) and any(prefix in name for name in names)))
+        out.append((c["channels"], bool(prefix) and any(prefix in name for name in names), c.get("group_size")))
     return out
 
 
@@ -345,7 +353,7 @@ def _footprint(gin_files, gin_params, settings, probe_batches) -> Tuple[Footprin
                    examples_per_step_factor=task.examples_per_step / task.global_batch_size,
                    precision=settings["precision"], model_axis=int(mesh.get("model", 1)),
                    all_reduce_bytes=[r["bytes"] for r in record["all_reduce"]],
-                   sync_bn=[[c, b] for c, b in sync_bn],
+                   sync_bn=[list(call) for call in sync_bn],
                    compiled_kernels=compiled_kernels(graph, sizes["trained_variables"]),
                    jit_compile=settings.get("jit_compile", "auto"), target=settings.get("target", "cpu"))
     details.update(flops=flops, activation_bytes=activations, examples_per_epoch=_examples_per_epoch(task, settings),

@@ -33,16 +33,24 @@ Communication is what the step's code does (`Footprint.all_reduce_bytes` and
   dimension a bidirectional ring, pipelined over all links): 2(c-1)/c x bytes / B_chip +
   2 sum_d (k_d - 1) x latency over the c chips (a chip sums its cores' first), and beyond
   the largest slice a ring over the data-centre network;
-* every training-mode SyncBatchNorm call gathers an n x 3C float32 table of its
-  replicas' (count, mean, M2) (`sync_bn_bytes`, per target as TensorFlow implements it):
-  multi-worker: a ring all-gather, (n-1)/n x the table; TPU: TPUStrategy's all_gather is a
-  cross-replica sum of the table zero-padded per replica, 2(n-1)/n x the table; CPU
-  replicas: this framework's own collective, the same padded sum (tables over 2^18
-  elements fall back to the strategy's gather through one device); one host's GPUs:
-  MirroredStrategy with NCCL has no all-gather and gathers to GPU 0, then copies the
-  table to the n-1 others. Where the step differentiates through the call, the backward
-  pass all-reduces the gradient of the whole table (2(n-1)/n x the table). On this
-  machine a synchronised layer's cost at each device count is measured instead
+* every training-mode SyncBatchNorm call all-reduces its 2C + 1 float32 shifted sums
+  (count, sum and sum of squares around the moving mean, `cross_replica_moments`) over
+  the replicas it normalises with (`sync_bn_bytes`): all of them, or its group of k
+  (`SyncBatchNorm.group_size`), one collective group per group on CPU and GPU
+  replicas, a `group_assignment` on a TPU (a group of k cores spans k / 2 chips of the
+  torus), and on multi-worker clusters, which have no group collectives, one
+  all-reduce of a zero-padded (n / k)-row table; where the step differentiates
+  through the call the backward pass all-reduces 2C floats over the same replicas;
+  where the reduction cannot sit in a cond (it needs merge_call: one host's GPUs without
+  groups, multi-worker clusters), the second pass (C floats) runs every step
+  (`second_pass_every_step`).
+  With groups, the moving mean and variance (each group's) are averaged over all
+  replicas at every update (Replicator.scope()'s MEAN aggregation: C floats each),
+  waiting on nothing: where the step is compiled (XLA) the step's such all-reduces are
+  independent of one another, so XLA's all-reduce combiner makes them one, of their
+  summed bytes; elsewhere each is its own. The first steps' second pass (C floats, where the moving mean is still
+  far from the batch's) is left out: the steady state is planned. On this machine a
+  synchronised layer's cost at each device count is measured instead
   (`collective_probe`: it includes the skew between replicas the formulas leave out).
 
 Host: per host call (`--host_ms`, spread over steps_per_loop steps) plus dispatching the
@@ -62,9 +70,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from expframe.plan.catalogue import Hardware, Link
 
-# Elements up to which CPU replicas gather with the framework's own collective
-# (expframe/replicator/collectives.py, _OWN_MAX_ELEMENTS); larger tables use the strategy's.
-OWN_COLLECTIVE_MAX_ELEMENTS = 1 << 18
 FLOAT32 = 4
 
 
@@ -79,8 +84,9 @@ class Footprint:
       sync_collectives: training-mode SyncBatchNorm calls per step.
       all_reduce_bytes: bytes of each all-reduce the step makes (one per optimizer update);
         None: one all-reduce of grad_bytes.
-      sync_bn: [channels, backward] per SyncBatchNorm call (backward: the step
-        differentiates through it); None: sync_collectives calls of unknown width.
+      sync_bn: [channels, backward, group_size] per SyncBatchNorm call (backward: the
+        step differentiates through it; group_size None: all replicas; a missing third
+        entry is None); None: sync_collectives calls of unknown width.
       compiled_kernels: kernels the step launches when XLA compiles it (0: ops).
       jit_compile, target: the experiment's Replicator.jit_compile and target.
     """
@@ -115,11 +121,11 @@ class Footprint:
             return [float(b) for b in self.all_reduce_bytes]
         return [self.grad_bytes] if self.grad_bytes else []
 
-    def sync_calls(self) -> List[Tuple[int, bool]]:
-        """(channels, backward) per SyncBatchNorm call of the step."""
+    def sync_calls(self) -> List[Tuple[int, bool, Optional[int]]]:
+        """(channels, backward, group size or None) per SyncBatchNorm call of the step."""
         if self.sync_bn is not None:
-            return [(int(c), bool(b)) for c, b in self.sync_bn]
-        return [(0, True)] * self.sync_collectives
+            return [(int(c[0]), bool(c[1]), None if len(c) < 3 or c[2] is None else int(c[2])) for c in self.sync_bn]
+        return [(0, True, None)] * self.sync_collectives
 
 
 def ring_all_reduce_s(num_bytes: float, n: int, link: Link, tree: bool = False) -> float:
@@ -212,20 +218,6 @@ def all_reduce(hw: Hardware, n: int, num_bytes: float) -> Tuple[float, str, Link
 gradient_all_reduce = all_reduce  # the name the planner's earlier callers use
 
 
-def all_gather_s(hw: Hardware, n: int, table_bytes: float) -> float:
-    """A ring all-gather of a table_bytes table (each device holds 1/n of it): (n-1)/n x
-    table / bandwidth + (n-1) latencies; across hosts, each host's network carries it."""
-    if n <= 1:
-        return 0.0
-    per_host = min(n, hw.devices_per_host)
-    hosts = math.ceil(n / per_host)
-    intra, inter = hw.intra_host, hw.inter_host
-    inside = (per_host - 1) / per_host * table_bytes / intra.bandwidth + (per_host - 1) * intra.latency_s
-    if hosts == 1:
-        return inside
-    return inside + (hosts - 1) / hosts * table_bytes / inter.bandwidth + (hosts - 1) * inter.latency_s
-
-
 def sync_bn_target(hw: Hardware, n: int) -> str:
     """The strategy n replicas of `hw` run under: 'tpu', 'gpu' (one host's GPUs,
     MirroredStrategy with NCCL), 'cpu' (logical CPU replicas) or 'multi_worker'."""
@@ -237,65 +229,93 @@ def sync_bn_target(hw: Hardware, n: int) -> str:
     return "cpu" if one_host else "multi_worker"
 
 
-def sync_bn_bytes(target: str, n: int, channels: int) -> Dict:
+def span(n: int, group: Optional[int]) -> int:
+    """The replicas one SyncBatchNorm call normalises over: its group, or all n."""
+    return n if group is None or group >= n else int(group)
+
+
+def second_pass_every_step(target: str, n: int, group: Optional[int]) -> bool:
+    """Whether the SyncBatchNorm call's second pass (C floats) runs every step on this
+    target: where its reduction goes through merge_call, which a cond cannot hold
+    (`collectives.reduces_in_control_flow`): one host's GPUs without groups, multi-worker
+    clusters always. CPU replicas, TPUs, and groups on GPUs decide per step (the steady
+    state: one pass)."""
+    k = span(n, group)
+    if k <= 1:
+        return False
+    return target == "multi_worker" or (target == "gpu" and k == n)
+
+
+def sync_bn_bytes(target: str, n: int, channels: int, group: Optional[int] = None) -> Dict:
     """Bytes one SyncBatchNorm call moves through the busiest device's links, per pass, as
-    TensorFlow implements `collectives.all_gather` of the n x 3C float32 table (count,
-    mean, M2 per channel and replica, `SyncBatchNorm._gathered_moments`) on each target.
+    `cross_replica_moments` reduces its 2C + 1 float32 shifted sums on each target (and,
+    where `second_pass_every_step`, its C squares about the mean).
 
-    Returns {'table': bytes of the table, 'forward': ..., 'backward': ...,
-    'forward_algorithm': ..., 'backward_algorithm': ...}. Backward is the gradient of the
-    gather, an all-reduce of the whole table (`ReplicaContext.all_gather`'s gradient; the
-    own collective's and TPUStrategy's are sums of the same table).
+    Returns {'packed': bytes of one replica's sums, 'span': replicas reduced over,
+    'passes': the forward all-reduces' bytes per replica, 'forward', 'backward' (the
+    gradient: 2C floats over the same replicas), 'moving' (groups only: the moving
+    mean's and variance's averages over all n, C floats each, by Replicator.scope()'s
+    MEAN aggregation), 'forward_algorithm', 'moving_algorithm'}. A ring all-reduce of b
+    bytes over m replicas moves 2(m - 1)/m x b through each.
     """
-    piece = 3 * channels * FLOAT32
-    table = n * piece
-    if n <= 1:
-        return {"table": piece, "forward": 0.0, "backward": 0.0, "forward_algorithm": "none (1 replica)",
-                "backward_algorithm": "none (1 replica)"}
-    ring_all_reduce = 2 * (n - 1) / n * table
-    if target == "multi_worker":
-        forward, algorithm = (n - 1) / n * table, "ring all-gather (CollectiveAllReduce)"
-        backward, back_algorithm = ring_all_reduce, "ring all-reduce of the table"
-    elif target == "tpu":
-        forward, algorithm = ring_all_reduce, "cross-replica sum of the zero-padded table (TPUStrategy.all_gather)"
-        backward, back_algorithm = ring_all_reduce, "cross-replica sum of the table"
-    elif target == "cpu" and n * 3 * channels <= OWN_COLLECTIVE_MAX_ELEMENTS:
-        forward, algorithm = ring_all_reduce, "own CollectiveReduce of the zero-padded table (ring)"
-        backward, back_algorithm = ring_all_reduce, "own CollectiveReduce of the table"
-    elif target in ("gpu", "cpu"):
-        # Gathered on the first device ((n-1) pieces in), then copied to the n-1 others.
-        forward = (n - 1) * piece + (n - 1) * table
-        algorithm = "gather to device 0 + copies to n-1 (ReductionToOneDevice)"
-        if target == "gpu":
-            backward, back_algorithm = ring_all_reduce, "NCCL ring all-reduce of the table"
-        else:  # ReductionToOneDevice: n-1 tables in, n-1 out
-            backward, back_algorithm = 2 * (n - 1) * table, "reduce to device 0 + copies (ReductionToOneDevice)"
-    else:
+    packed = (2 * channels + 1) * FLOAT32
+    k = span(n, group)
+    passes = [packed] + ([channels * FLOAT32] if second_pass_every_step(target, n, group) else [])
+
+    def ring(m, b):
+        return 2 * (m - 1) / m * b if m > 1 else 0.0
+
+    if target not in ("cpu", "gpu", "tpu", "multi_worker"):
         raise ValueError(f"sync_bn_bytes: unknown target {target!r}")
-    return {"table": table, "forward": forward, "backward": backward, "forward_algorithm": algorithm,
-            "backward_algorithm": back_algorithm}
-
-
-def _sync_bn_call_s(hw: Hardware, devices: int, replicas: int, channels: int, backward: bool) -> Tuple[float, float]:
-    """(seconds, bytes) of one SyncBatchNorm call's collectives, forward and backward."""
-    target = sync_bn_target(hw, replicas)
-    moved = sync_bn_bytes(target, replicas, channels)
-    table = moved["table"]
-    if target == "tpu":  # over the chips' torus, as a gradient all-reduce of the table
-        fwd = all_reduce(hw, devices, table)[0]
-        bwd = fwd
-    elif target == "multi_worker":
-        fwd = all_gather_s(hw, replicas, table)
-        bwd = all_reduce(hw, replicas, table)[0]
-    elif moved["forward_algorithm"].startswith("own"):
-        fwd = bwd = ring_all_reduce_s(table, replicas, hw.intra_host)
+    if k <= 1:
+        passes, forward, backward, algorithm = [], 0.0, 0.0, "none (a group of 1 replica)"
+    elif k < n and target == "multi_worker":
+        # No group collectives: every group writes its row of an (n / k)-row table, summed over all n.
+        forward = sum(ring(n, n // k * b) for b in passes)
+        backward = ring(n, n // k * 2 * channels * FLOAT32)
+        algorithm = f"all-reduce of a zero-padded {n // k}-row table over {n}"
     else:
-        link = hw.intra_host
-        fwd = moved["forward"] / link.bandwidth + 2 * (replicas - 1) * link.latency_s
-        bwd = (ring_all_reduce_s(table, replicas, link, tree=True) if target == "gpu"
-               else moved["backward"] / link.bandwidth + 2 * (replicas - 1) * link.latency_s)
-    seconds = fwd + (bwd if backward else 0.0)
-    return seconds, moved["forward"] + (moved["backward"] if backward else 0.0)
+        where = {"cpu": "own CollectiveReduce", "gpu": "NCCL" if k == n else "own CollectiveReduce",
+                 "tpu": "cross_replica_sum", "multi_worker": "CollectiveAllReduce"}[target]
+        forward, backward = sum(ring(k, b) for b in passes), ring(k, 2 * channels * FLOAT32)
+        algorithm = f"{where} all-reduce over {k} replicas" + (", and the second pass" if len(passes) > 1 else "")
+    moving = ring(n, 2 * channels * FLOAT32) if k < n else 0.0
+    return {"packed": packed, "span": k, "passes": passes, "forward": forward, "backward": backward,
+            "moving": moving,
+            "forward_algorithm": algorithm,
+            "moving_algorithm": (f"the moving mean and variance averaged over all {n} replicas" if k < n
+                                 else "none (the same on every replica)")}
+
+
+def _all_reduce_over_s(hw: Hardware, target: str, replicas: int, num_bytes: float) -> float:
+    """Seconds of one all-reduce of num_bytes over `replicas` replicas of one target (a TPU
+    chip sums its cores over the chip before its links carry anything)."""
+    if replicas <= 1 or num_bytes <= 0:
+        return 0.0
+    if target == "tpu":
+        chips = replicas // max(1, hw.cores_per_chip)
+        return all_reduce(hw, chips, num_bytes)[0] if chips > 1 else hw.intra_host.latency_s
+    if target == "cpu":
+        return ring_all_reduce_s(num_bytes, replicas, hw.intra_host)
+    return all_reduce(hw, replicas, num_bytes)[0]
+
+
+def _sync_bn_call_s(hw: Hardware, replicas: int, channels: int, backward: bool,
+                    group: Optional[int] = None) -> Tuple[float, float, Dict]:
+    """(seconds, bytes, the `sync_bn_bytes` record) of one SyncBatchNorm call's collectives
+    on the critical path: forward and, where differentiated, backward (the moving
+    statistics' all-reduce is priced by `plan_row`, which may combine them)."""
+    target = sync_bn_target(hw, replicas)
+    moved = sync_bn_bytes(target, replicas, channels, group)
+    k = moved["span"]
+
+    def one(num_bytes):  # an all-reduce of num_bytes per replica over the group
+        if k < replicas and target == "multi_worker" and k > 1:  # the padded (n / k)-row table
+            return _all_reduce_over_s(hw, target, replicas, replicas // k * num_bytes)
+        return _all_reduce_over_s(hw, target, k, num_bytes)
+
+    seconds = sum(one(b) for b in moved["passes"]) + (one(2 * channels * FLOAT32) if backward and k > 1 else 0.0)
+    return seconds, moved["forward"] + (moved["backward"] if backward else 0.0), moved
 
 
 @dataclasses.dataclass
@@ -375,13 +395,22 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
     sync_bytes = 0.0
     if replicas > 1 and hw.sync_layer_s and replicas in hw.sync_layer_s:   # measured on this machine
         # the probe times a layer forward and backward; a forward-only call costs about half
-        sync_s = sum(1.0 if backward else 0.5 for _, backward in calls) * hw.sync_layer_s[replicas]
+        sync_s = sum(1.0 if backward else 0.5 for _, backward, _ in calls) * hw.sync_layer_s[replicas]
     elif replicas > 1:
-        sync_s = 0.0
-        for channels, backward in calls:
-            seconds, moved = _sync_bn_call_s(hw, data, replicas, channels, backward)
+        sync_s, moving = 0.0, []
+        target = sync_bn_target(hw, replicas)
+        for channels, backward, group in calls:
+            seconds, moved, record = _sync_bn_call_s(hw, replicas, channels, backward, group)
             sync_s += seconds
-            sync_bytes += moved
+            sync_bytes += moved + record["moving"]
+            if record["moving"]:
+                moving += [channels * FLOAT32] * 2  # the moving mean's average, the variance's
+        # The groups' moving statistics, averaged over all replicas: independent all-reduces,
+        # two per call, or, compiled, one combined by XLA.
+        if moving and compiles(fp, hw, st):
+            sync_s += _all_reduce_over_s(hw, target, replicas, sum(moving))
+        else:
+            sync_s += sum(_all_reduce_over_s(hw, target, replicas, b) for b in moving)
     else:
         sync_s = 0.0
     comm = grad_s + sync_s

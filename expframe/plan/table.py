@@ -74,7 +74,9 @@ def notes(plan: Dict) -> List[str]:
     fp = plan["footprint"]
     reduces = fp.get("all_reduce_bytes") or ([fp["grad_bytes"]] if fp["grad_bytes"] else [])
     calls = fp.get("sync_bn") or []
-    differentiated = sum(1 for _, backward in calls if backward)
+    differentiated = sum(1 for call in calls if call[1])
+    groups = sorted({call[2] for call in calls if len(call) > 2 and call[2] is not None})
+    span = f"over groups of {', '.join(map(str, groups))} replicas" if groups else "over all replicas"
     compiled = "compiled by XLA" if plan.get("compiled") else "not compiled (the executor dispatches each op)"
     out = [f"experiment: {', '.join(plan['gin_files'])}; hardware {plan['hardware']} ({plan['peak_note']}); "
            f"precision {plan['precision']}; compute efficiency {plan['utilisation']:.3g} "
@@ -84,7 +86,8 @@ def notes(plan: Dict) -> List[str]:
            f"{len(reduces)} all-reduce(s) per step of {size(sum(reduces))} in all (one per optimizer update); "
            f"activations kept for backward {size(fp['activation_bytes_per_example'])} per example at float32 "
            f"(x0.5 in mixed precision); {fp['sync_collectives']} SyncBatchNorm calls per step ({differentiated} "
-           "differentiated), each gathering a replicas x 3 x channels float32 table (its gradient all-reduced)",
+           f"differentiated), each all-reducing 2 x channels + 1 float32 sums {span} (as many in its backward"
+           f"{'; the moving statistics one more over all replicas' if groups else ''})",
            f"communication overlaps compute: {'yes' if plan['overlap'] else 'no'} (TensorFlow's default loop "
            "reduces gradients after the backward pass); step ms = compute + hbm + comm + input + host; the step "
            f"is {compiled}",

@@ -24,11 +24,24 @@ Two implementations, chosen per buffer (see `_own_collective`):
     strategy's took 450-550 us, and a 53-layer chain traced in 5.9 s instead of
     23.6 s. Above ~1M elements the strategy's reduction is faster (2.0 vs 2.7 ms
     at 1M), so big buffers such as gradients keep it.
+
+Groups (`all_reduce(x, group_size=k)`): replicas r and r' are in the same group when
+r // k == r' // k, and each group sums only its own k replicas' values, so a replica
+moves O(size) bytes whatever the replica count (as JAX's `psum(axis_index_groups=)`):
+  * MirroredStrategy (CPU and GPU devices): each group is a collective group of its
+    own (its own group key over its k devices), met by the replica's own op as above;
+  * TPUStrategy: `cross_replica_sum` with a `group_assignment` of the n // k groups
+    (what MLPerf's TPU ResNet-50 normalises with). On a TPU every sum and mean, grouped
+    or not, is one `cross_replica_sum` (what TPUStrategy's own reduction compiles to,
+    without its merge_call). Written to TensorFlow's op, not run on a TPU here;
+  * other strategies (MultiWorkerMirrored, which has no group collectives in its
+    replica context): one all-reduce of a zero-padded (n // k) x size table, each group
+    writing its own row. Exact, but its bytes grow as n / k: the one exception.
 """
 
 import threading
 import weakref
-from typing import Any
+from typing import Any, Optional
 
 import tensorflow as tf
 from tensorflow.python.framework import func_graph
@@ -85,24 +98,39 @@ def _outermost_graph():
     return graph
 
 
-def _own_collective(ctx, tensor):
-    """(group size, group key, replica) if `tensor` can use this replica's own op, else None."""
-    if not tf.inside_function() or tensor.dtype not in _OWN_DTYPES:
+def _own_collective(ctx, tensor, group_size=None):
+    """(group size, group key, replica) if `tensor` can use this replica's own op, else None.
+
+    With `group_size` k (below the replica count), the group is this replica's k
+    consecutive devices, a collective group with its own key; the op is then also
+    used on GPUs, where the strategy's reductions have no groups."""
+    return _own_group(ctx, tensor.shape.num_elements(), tensor.dtype, group_size)
+
+
+def _own_group(ctx, num_elements, dtype, group_size=None):
+    """`_own_collective` for a buffer of `num_elements` of `dtype`."""
+    if not tf.inside_function() or dtype not in _OWN_DTYPES:
         return None
-    if (tensor.shape.num_elements() or _OWN_MAX_ELEMENTS + 1) > _OWN_MAX_ELEMENTS:
+    grouped = group_size is not None
+    if not grouped and (num_elements or _OWN_MAX_ELEMENTS + 1) > _OWN_MAX_ELEMENTS:
         return None
     strategy = tf.distribute.get_strategy()
     if type(strategy) is not tf.distribute.MirroredStrategy:  # pylint: disable=unidiomatic-typecheck
         return None  # multi-worker and TPU collectives have no cross-replica graph edges
     devices = tuple(strategy.extended.worker_devices)
-    if not all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices):
-        return None  # only measured on CPU; GPUs keep the strategy's NCCL reductions
+    kinds = ("CPU", "GPU") if grouped else ("CPU",)  # ungrouped GPUs keep the strategy's NCCL reductions
+    if not all(tf.DeviceSpec.from_string(d).device_type in kinds for d in devices):
+        return None
     replica = tf.get_static_value(ctx.replica_id_in_sync_group)
     if replica is None:
         return None
+    replica = int(replica)
+    if grouped:
+        first = replica // group_size * group_size
+        devices = devices[first:first + group_size]
     with _keys_lock:
         group_key = _group_keys.setdefault(devices, _GROUP_KEY_BASE + len(_group_keys))
-    return len(devices), group_key, int(replica)
+    return len(devices), group_key, replica
 
 
 def _instance_key(replica):
@@ -136,9 +164,76 @@ def _own_sum(tensor, group):
     return summed(tensor)
 
 
-def _reduce_batch(ctx, reduce_op, batch):
-    """Reduces a list of tensors: small ones with own ops, the rest with the strategy's."""
+def _is_tpu(strategy) -> bool:
+    return isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
+
+
+def reduces_in_control_flow(num_elements: int, group_size: Optional[int] = None) -> bool:
+    """Whether `all_reduce(x, "sum", group_size)` of `num_elements` float32 can run inside
+    a `tf.cond` (every replica taking the same branch).
+
+    It can where the reduction is one op of this replica's: its own collective op
+    (MirroredStrategy on CPU, and groups on GPU), a TPU's `cross_replica_sum`, or no
+    reduction at all (one replica, groups of one). The strategy's own reductions
+    (MirroredStrategy's NCCL without groups, MultiWorkerMirroredStrategy) go through
+    `merge_call`, which control flow cannot hold."""
+    n = num_replicas()
+    group_size = check_group_size(group_size, n)
+    if n == 1 or group_size == 1 or _is_tpu(tf.distribute.get_strategy()):
+        return True
+    return _own_group(_context(), num_elements, tf.float32, group_size) is not None
+
+
+def _tpu_group_sum(tensor, n, group_size=None):
+    """Sum over TPU replicas: `cross_replica_sum`, what TPUStrategy's own reduction
+    compiles to, called here without its merge_call (so it can sit in a cond); with
+    `group_size`, a `group_assignment` of the groups. Its registered gradient sums the
+    upstream gradients over the same replicas."""
+    from tensorflow.python.tpu.ops import tpu_ops  # pylint: disable=import-outside-toplevel
+    if group_size is None:
+        return tpu_ops.cross_replica_sum(tensor)
+    groups = [list(range(g, g + group_size)) for g in range(0, n, group_size)]
+    return tpu_ops.cross_replica_sum(tensor, group_assignment=groups)
+
+
+def _padded_group_sum(ctx, tensor, group_size):
+    """Sum within groups through the strategy's all-reduce of an (n // k)-row table
+    in which each group's replicas write their group's row (zeros elsewhere): exact,
+    but (n // k) x size per replica: for strategies with no group collectives."""
+    n = ctx.num_replicas_in_sync
+    g = ctx.replica_id_in_sync_group // group_size
+    rows = tf.zeros([n // group_size] + tensor.shape.as_list(), tensor.dtype)
+    placed = tf.tensor_scatter_nd_update(rows, [[g]], tensor[tf.newaxis])
+    return tf.gather(ctx.all_reduce(tf.distribute.ReduceOp.SUM, placed), g)
+
+
+def _group_sum(ctx, tensor, group_size):
+    """Sum of `tensor` over this replica's group of `group_size` replicas."""
+    group = _own_collective(ctx, tensor, group_size)
+    if group is not None:
+        return _own_sum(tensor, group)
+    if _is_tpu(tf.distribute.get_strategy()):
+        return _tpu_group_sum(tensor, ctx.num_replicas_in_sync, group_size)
+    return _padded_group_sum(ctx, tensor, group_size)
+
+
+def _reduce_batch(ctx, reduce_op, batch, group_size=None):
+    """Reduces a list of tensors: small ones with own ops, the rest with the strategy's;
+    with `group_size`, within groups (see the module docstring)."""
     out = [None] * len(batch)
+    if group_size is not None:
+        for i, t in enumerate(batch):
+            out[i] = _group_sum(ctx, t, group_size)
+            if reduce_op == tf.distribute.ReduceOp.MEAN:
+                out[i] = out[i] / tf.cast(group_size, t.dtype)
+        return out
+    if _is_tpu(tf.distribute.get_strategy()):
+        n = ctx.num_replicas_in_sync
+        for i, t in enumerate(batch):
+            out[i] = _tpu_group_sum(t, n)
+            if reduce_op == tf.distribute.ReduceOp.MEAN:
+                out[i] = out[i] / tf.cast(n, t.dtype)
+        return out
     theirs = []
     for i, t in enumerate(batch):
         group = _own_collective(ctx, t)
@@ -176,7 +271,7 @@ def _gather(ctx, tensors, axis):
     return out
 
 
-def _pack_reduce(ctx, reduce_op, tensors):
+def _pack_reduce(ctx, reduce_op, tensors, group_size=None):
     """Sums or means a flat list of tensors: one collective per dtype, small ones packed.
 
     One call per dtype because TensorFlow keeps int32 tensors in host memory and a
@@ -194,7 +289,7 @@ def _pack_reduce(ctx, reduce_op, tensors):
         batch = [tensors[i] for i in singles]
         if packed:
             batch.append(tf.concat([tf.reshape(tensors[i], [-1]) for i in small], axis=0))
-        reduced = _reduce_batch(ctx, reduce_op, batch)
+        reduced = _reduce_batch(ctx, reduce_op, batch, group_size)
         for i, r in zip(singles, reduced, strict=False):  # reduced ends with the packed buffer
             out[i] = r
         if packed:
@@ -204,25 +299,46 @@ def _pack_reduce(ctx, reduce_op, tensors):
     return out
 
 
-def all_reduce(x: Any, op: str = "sum") -> Any:
+def check_group_size(group_size: Optional[int], n: int, what: str = "all_reduce group_size") -> Optional[int]:
+    """The group size to reduce over n replicas: None for all of them (also when
+    group_size >= n), else group_size; ValueError unless it is a positive divisor of n."""
+    if group_size is None:
+        return None
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"{what}={group_size!r} must be a positive integer or None.")
+    if group_size >= n:
+        return None
+    if n % group_size:
+        raise ValueError(f"{what}={group_size} does not divide the {n} replicas; use a divisor of {n}.")
+    return group_size
+
+
+def all_reduce(x: Any, op: str = "sum", group_size: Optional[int] = None) -> Any:
     """Reduces `x` elementwise over all replicas; every replica gets the result.
 
     Args:
       x: a tensor or nested structure of tensors, same shapes on every replica.
       op: "sum", "mean", "max" or "min".
+      group_size: reduce only within groups of this many consecutive replicas
+        (replica r is in group r // group_size), "sum" and "mean" only; None (or the
+        replica count): all replicas. Each replica moves what one group's reduction
+        needs, whatever the replica count (see the module docstring).
 
     Returns:
-      The same structure, reduced. With one replica, `x` itself.
+      The same structure, reduced. With one replica (or groups of one), `x` itself.
     """
     if op not in _OPS:
         raise ValueError(f"all_reduce op={op!r}: use one of {', '.join(_OPS)}.")
-    if num_replicas() == 1:
+    group_size = check_group_size(group_size, num_replicas())
+    if group_size is not None and op not in ("sum", "mean"):
+        raise ValueError(f"all_reduce op={op!r} with group_size: only 'sum' and 'mean' reduce within groups.")
+    if num_replicas() == 1 or group_size == 1:
         return x
     ctx = _context()
     flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(x)]
     if op in ("sum", "mean"):
         reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
-        return tf.nest.pack_sequence_as(x, _pack_reduce(ctx, reduce_op, flat))
+        return tf.nest.pack_sequence_as(x, _pack_reduce(ctx, reduce_op, flat, group_size))
     # max/min: tf.distribute has no such reduction; gather one slice per replica
     # (a new leading axis) and reduce it locally. Exact, and deterministic.
     gathered = _gather(ctx, [t[tf.newaxis] for t in flat], axis=0)

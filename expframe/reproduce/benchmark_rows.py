@@ -113,3 +113,26 @@ def plan_vs_measured(data: dict) -> list[dict]:
             for e in data["experiments"] for p in e["points"]]
     return rows + [row("planner: median absolute error of the predicted step time (over the points)",
                        data["median_abs_error"], spread.at_most(data["goal"]), _spread(data, "median_abs_error"))]
+
+
+def sync_batch_norm(data: dict) -> list[dict]:
+    """benchmarks/sync_batch_norm.py: each design's step time over plain batch norm's, and
+    shipped over the design before issue 59, per replica count; the variance's error."""
+    rows = []
+    for r in data["results"]:
+        n, summary = r["replicas"], r["summary"]
+        for name, found in summary.items():
+            if name == "plain":
+                continue
+            rows.append(row(f"{name} / plain BatchNormalization, step time (paired), {n} replicas, "
+                            f"ResNet-50's {r['layers']} batch norms", found["over_plain"]["median"], None,
+                            found["over_plain"]))
+        for a, b in (("shipped", "gather"), ("groups", "groups_whole")):
+            found = summary.get(a, {}).get(f"over_{b}")
+            if found:
+                rows.append(row(f"{a} / {b}, step time (paired), {n} replicas", found["median"], None, found))
+        for name, errors in (r.get("exactness") or {}).items():
+            for case, value in errors.items():
+                rows.append(row(f"{name}: variance error vs float64, mean 1e3 std 1, {case} shift, {n} replicas",
+                                value))
+    return rows

@@ -352,6 +352,11 @@ BENCHMARKS = (
     Benchmark("d4pg_throughput", "D4PG: learner updates/s on 1 and 2 replicas, env steps/s with 1 and 2 actors",
               "benchmarks/d4pg_throughput.py", (), ("--smoke",), benchmark_rows.d4pg_throughput, minutes=4,
               readme="docs/d4pg.md#distributed-acting-actor-processes-over-rpc"),
+    # About 45 min on 2 shared cores: tracing 53 layers on up to 32 replicas is most of it.
+    Benchmark("sync_batch_norm", "SyncBatchNorm designs on 2-32 CPU replicas: step time against plain batch norm "
+              "and the variance's exactness (ResNet-50's 53 batch norms)", "benchmarks/sync_batch_norm.py",
+              ("--repeats", _REPEATS), ("--quick", "--repeats=1"), benchmark_rows.sync_batch_norm, minutes=45,
+              repeated=True, readme="docs/programming_model.md#syncbatchnorm"),
     Benchmark("model_parallel", "Model parallelism on a DTensor mesh: memory per device and examples/s",
               "benchmarks/model_parallel.py", (), ("--smoke",), benchmark_rows.model_parallel, minutes=3,
               readme="docs/mesh.md#model-parallelism-dtensor-mesh"),

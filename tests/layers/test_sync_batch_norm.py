@@ -7,7 +7,6 @@ from absl.testing import parameterized
 
 import expframe as xf
 from expframe.layers import sync_batch_norm
-from expframe.layers.sync_batch_norm import merge_moments
 from expframe.replicator import keras_hooks
 from tests import support
 
@@ -73,7 +72,7 @@ def _replicated(rep, x, w, layer_cls=xf.layers.SyncBatchNorm, **kwargs):
 
 class SyncBatchNormTest(support.TestCase):
 
-    @parameterized.named_parameters(*support.named_replicators())
+    @parameterized.named_parameters(*support.named_replicators(), ("cpu_8", "cpu", 8))
     def test_equals_full_batch_bn(self, target, n):
         x, w = _data()
         want = _reference(x, w)
@@ -93,17 +92,69 @@ class SyncBatchNormTest(support.TestCase):
         self.assertGreater(np.abs(got["y"] - want["y"]).max(), 1e-2)
 
     def test_group_size(self):
-        """4 replicas in groups of 2 normalise each half alone; moving stats follow the whole batch."""
+        """4 replicas in groups of 2 normalise each half alone; moving stats average the halves'."""
         x, w = _data()
         rep = support.replicator("cpu", 4)
         got, layer = _replicated(rep, x, w, group_size=2)
         halves = [_reference(x[:4], w[:4]), _reference(x[4:], w[4:])]
         np.testing.assert_allclose(got["y"], np.concatenate([h["y"] for h in halves]), atol=1e-5)
         np.testing.assert_allclose(got["dx"], np.concatenate([h["dx"] for h in halves]), atol=1e-5)
-        whole = _reference(x, w)
         self.assertSameValuePerReplica(rep, got["mean"])
+        np.testing.assert_allclose(rep.local_results(got["mean"])[0], _reference(x, w)["mean"], atol=1e-5)
+        np.testing.assert_allclose(rep.local_results(got["var"])[0], np.mean([h["var"] for h in halves], 0),
+                                   atol=1e-5)
+
+    @parameterized.named_parameters(("8_in_4", 8, 4), ("8_in_2", 8, 2), ("4_in_1", 4, 1))
+    def test_groups_equal_per_group_bn(self, n, k):
+        """Each group of k replicas normalises its own slice of the batch, forward and backward;
+        the moving statistics are the groups', averaged over the replicas: the same on every
+        replica, the whole batch's mean, and the mean of the groups' variances."""
+        x, w = _data(2)
+        rep = support.replicator("cpu", n)
+        got, _ = _replicated(rep, x, w, group_size=k)
+        size = GLOBAL_BATCH // n * k
+        groups = [_reference(x[i:i + size], w[i:i + size]) for i in range(0, GLOBAL_BATCH, size)]
+        for key in ("y", "dx"):
+            np.testing.assert_allclose(got[key], np.concatenate([g[key] for g in groups]), atol=1e-5, err_msg=key)
+        for key in ("dgamma", "dbeta"):
+            np.testing.assert_allclose(got[key], np.sum([g[key] for g in groups], 0), atol=1e-5, err_msg=key)
+        whole = _reference(x, w)
+        for key in ("mean", "var"):
+            self.assertSameValuePerReplica(rep, got[key])
+            np.testing.assert_allclose(rep.local_results(got[key])[0], np.mean([g[key] for g in groups], 0),
+                                       atol=1e-5, err_msg=key)
         np.testing.assert_allclose(rep.local_results(got["mean"])[0], whole["mean"], atol=1e-5)
-        np.testing.assert_allclose(rep.local_results(got["var"])[0], whole["var"], atol=1e-5)
+        # The groups' variances miss the variance between their means: below the whole batch's.
+        self.assertTrue(np.all(rep.local_results(got["var"])[0] < whole["var"]))
+        # Negative control: the groups' normalisation is not the whole batch's.
+        self.assertGreater(np.abs(got["y"] - whole["y"]).max(), 1e-2)
+
+    @parameterized.named_parameters(("mixed_bfloat16", "mixed_bfloat16", None),
+                                    ("mixed_float16_groups", "mixed_float16", 2))
+    def test_mixed_precision_moments_in_float32(self, policy, group_size):
+        """16-bit inputs: outputs in the compute dtype, moments (so the moving statistics) in float32."""
+        x, _ = _data(4)
+        x = x * 0.1 + 100.0  # a mean where 16-bit moments would be coarse
+        rep = support.replicator("cpu", 4)
+        with rep.scope():
+            layer = xf.layers.SyncBatchNorm(momentum=0.0, dtype=policy, group_size=group_size)
+            layer.build(x.shape)
+        ref = keras.layers.BatchNormalization(momentum=0.0, dtype=policy)
+        ref.build(x.shape)
+        compute = tf.bfloat16 if "bfloat16" in policy else tf.float16
+        inputs = tf.cast(x, compute)
+        y = tf.function(lambda v: rep.run(lambda t: layer(t, training=True), v))(
+            support.per_replica(rep, lambda r: inputs[2 * r:2 * r + 2]))
+        self.assertEqual(rep.local_results(y)[0].dtype, compute)
+        want = ref(inputs, training=True)
+        got = np.concatenate([np.asarray(v, np.float32) for v in rep.local_results(y)])
+        if group_size is None:
+            np.testing.assert_allclose(got, np.asarray(want, np.float32), atol=2e-2)
+        self.assertEqual(layer.moving_variance.dtype, "float32")
+        np.testing.assert_allclose(rep.local_results(layer.moving_mean.value)[0], ref.moving_mean.numpy(), rtol=1e-6)
+        if group_size is None:
+            np.testing.assert_allclose(rep.local_results(layer.moving_variance.value)[0],
+                                       ref.moving_variance.numpy(), rtol=1e-4)
 
     def test_group_size_must_divide_replicas(self):
         x, w = _data()
@@ -151,22 +202,6 @@ class SyncBatchNormTest(support.TestCase):
         got = np.concatenate(rep.local_results(y))
         np.testing.assert_allclose(got[np.broadcast_to(mask[..., None], got.shape)],
                                    np.asarray(want)[np.broadcast_to(mask[..., None], got.shape)], atol=1e-4)
-
-    def test_moments_stable_for_large_means(self):
-        """Chan's merge keeps float32 variance exact where E[x^2]-E[x]^2 loses it (the design choice)."""
-        rng = np.random.default_rng(0)
-        parts = [rng.normal(1000.0, 1.0, size=(256, 4)).astype(np.float32) for _ in range(4)]
-        full = np.concatenate(parts).astype(np.float64)
-        counts = tf.constant([[256.0] * 4] * 4)
-        means = tf.constant([p.mean(0) for p in parts])
-        m2s = tf.constant([((p - p.mean(0)) ** 2).sum(0) for p in parts])
-        _, var = merge_moments(counts, means, m2s)
-        sumsq = tf.reduce_sum([tf.reduce_sum(tf.square(p), 0) for p in parts], 0) / 1024.0
-        mean32 = tf.reduce_sum([tf.reduce_sum(p, 0) for p in parts], 0) / 1024.0
-        rel_ours = np.abs(var.numpy() - full.var(0)) / full.var(0)
-        rel_naive = np.abs((sumsq - tf.square(mean32)).numpy() - full.var(0)) / full.var(0)
-        self.assertLess(rel_ours.max(), 1e-4)
-        self.assertGreater(rel_naive.max(), 1e-2)
 
     def test_refuses_cross_replica_training_call(self):
         rep = support.replicator("cpu", 2)

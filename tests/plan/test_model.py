@@ -188,15 +188,18 @@ def test_a_measured_sync_layer_cost_replaces_the_formula():
 
     def sync_s(hw, n):
         return model.plan_row(fp, hw, n, 120, st)["comm_s"] - model.plan_row(plain, hw, n, 120, st)["comm_s"]
-    # The formula: each call's padded all-reduce of the 4 x 3 x 64 float32 table, forward and backward.
-    table = 4 * 3 * 64 * 4
-    assert sync_s(cpu, 4) == pytest.approx(7 * 2 * model.ring_all_reduce_s(table, 4, cpu.intra_host))
+    # The formula: each call's all-reduce of 2 x 64 + 1 float32 sums forward, 2 x 64 backward.
+    packed, back = (2 * 64 + 1) * 4, 2 * 64 * 4
+
+    def call_s(n):
+        return model.ring_all_reduce_s(packed, n, cpu.intra_host) + model.ring_all_reduce_s(back, n, cpu.intra_host)
+    assert sync_s(cpu, 4) == pytest.approx(7 * call_s(4))
     measured = dataclasses.replace(cpu, sync_layer_s={2: 1e-3, 4: 2e-3})
     assert sync_s(measured, 4) == pytest.approx(7 * 2e-3)
-    assert sync_s(measured, 8) == pytest.approx(7 * 2 * model.ring_all_reduce_s(8 * 3 * 64 * 4, 8, cpu.intra_host))
+    assert sync_s(measured, 8) == pytest.approx(7 * call_s(8))
     assert sync_s(measured, 1) == 0.0
     # A call the step does not differentiate through (a GAN's generator in a discriminator update) costs
-    # the forward gather only: half the measured layer.
+    # the forward all-reduce only: half the measured layer.
     forward_only = model.Footprint(**{**fp.__dict__, "sync_bn": [[64, False]] * 7})
     assert model.plan_row(forward_only, measured, 4, 120, st)["comm_s"] == pytest.approx(7 * 1e-3)
 
