@@ -94,6 +94,10 @@ def notes(plan: Dict) -> List[str]:
            "strong = examples/s against the smallest device count at the same global batch, scaled by the device "
            "ratio; weak = examples/s against one device at the same per-replica batch, times the device count",
            f"input: {plan['input_note']}; host: {plan['host_note']}"]
+    if plan.get("datasheet"):
+        out.append(f"hardware {plan['hardware']}: described by its datasheet ({plan['datasheet']}), not in the "
+                   "catalogue: planned with the device model's shared parameters alone (no published row of this "
+                   "device was fitted); its own figures are the file's")
     if plan.get("train_epochs") is not None:
         out.append(f"to last step: Trainer.train_epochs = {plan['train_epochs']:g} is {plan['train_steps']:,} steps "
                    f"at global batch {plan['rows'][0]['global_batch']:,} ({plan['examples_per_epoch']:,} train "
