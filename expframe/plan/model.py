@@ -169,10 +169,11 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
         # Logical CPU replicas share the machine: the whole global batch runs on one pool of cores.
         achieved = peak * (st.utilisation if st.utilisation is not None else hw.compute_efficiency(st.precision))
         compute, hbm = fp.flops(per_replica) * data / achieved, 0.0
-        efficiency = achieved / peak
+        efficiency, roofs = achieved / peak, (compute, hbm)
     else:
         dev = device_time(fp, hw, per_replica, st.precision, st.utilisation, st.stack)
         compute, hbm, efficiency = dev["compute_s"], dev["hbm_s"], dev["efficiency"]
+        roofs = (dev["compute_roof_s"], dev["hbm_roof_s"])
     grad_s, algorithm, grad_bytes = 0.0, "none (1 device)", 0.0
     for num_bytes in fp.all_reduces():
         seconds, algorithm, _ = all_reduce(hw, data if hw.kind == "tpu" else replicas, num_bytes / model)
@@ -226,7 +227,7 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
     achieved_flops = fp.flops(per_replica) / model / step
     row = {"devices": devices, "data_axis": data, "replicas": replicas, "model_axis": model,
            "global_batch": global_batch, "per_replica_batch": per_replica, "step_s": step,
-           **{f"{k}_s": v for k, v in parts.items()},
+           **{f"{k}_s": v for k, v in parts.items()}, "compute_roof_s": roofs[0], "hbm_roof_s": roofs[1],
            "grad_all_reduce_s": grad_s, "sync_bn_s": sync_s, "step_sync_s": synced, "all_reduce_bytes": grad_bytes,
            "sync_bn_bytes": sync_bytes, "all_reduce": algorithm, "compiled": compiled,
            "examples_per_s": global_batch * fp.examples_per_step_factor / step,

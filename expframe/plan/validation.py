@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         print(f"at their prior: {', '.join(res['at_prior']) or 'none'}")
         for r in res["rows"]:
             print(f"{r['id']:24s} published {r['published']:>12,.0f}  planned {r['predicted']:>12,.0f}  "
-                  f"{r['ratio']:.2f}x  {r['role']}")
+                  f"{r['ratio']:.2f}x  {'left out' if r['role'] == 'fitted' else r['role']}")
     elif args.families:
         print(markdown_families())
     elif args.held_out:

@@ -61,8 +61,12 @@ def test_the_plan_holds_the_measured_step_and_the_model(tiny_plan):
     assert plan["precision"] == "float32" and plan["utilisation"] == u and plan["examples_per_epoch"] == 1_281_167
     one = plan["rows"][0]
     fill = catalogue.efficiency_parameters()["fill_tpu"]  # a small batch leaves the chip idle: not this one
-    assert one["compute_s"] == pytest.approx(
+    assert one["compute_roof_s"] == pytest.approx(
         (fp["flops_fixed"] + fp["flops_per_example"] * 1048576) / (197e12 * u) * (1 + fill / 1048576))
+    # The longer roof counts in full, the shorter by its serial part.
+    serial = catalogue.efficiency_parameters()["serial"]
+    longer, shorter = sorted((one["compute_roof_s"], one["hbm_roof_s"]), reverse=True)
+    assert one["compute_s"] + one["hbm_s"] == pytest.approx(longer + serial * shorter)
     assert fp["all_reduce_bytes"] == [fp["grad_bytes"]] and len(fp["sync_bn"]) == 7  # one update, 7 batch norms
     assert one["comm_s"] == 0.0 and plan["rows"][1]["comm_s"] > 0
     assert one["to_last_step_s"] == pytest.approx(100 * one["step_s"])
