@@ -2,9 +2,13 @@
 experiment on N devices from its measured step and a catalogue of published hardware.
 
 catalogue.py + hardware.json   device types (published, cited) and this machine (measured)
+datasheet.py                   a device described by its datasheet (--hardware=FILE.json)
 measure.py                     FLOPs, parameter/slot/activation bytes of the traced train step
-model.py                       step time (compute and HBM roofs), the step's collectives, memory
+model.py                       a plan's row: step time, communication, memory, scaling
+device_model.py                one replica's step: two roofs, parameters shared across devices
+collective_cost.py             what the step's all-reduces and SyncBatchNorm calls cost
 anchors.py + anchors.json      published ResNet-50 measurements; the fit of the device model
+validation.py + heldout.json   leave one device family out; runs no fit reads
 planner.py                     footprint + hardware + stated inputs -> rows
 table.py                       the table and the JSON
 """

@@ -7,11 +7,13 @@
 The experiment is built from its gin files on this CPU (one replica, float32, nothing
 trained) and its train step traced: FLOPs, parameter, gradient, slot and activation
 bytes are measured (expframe/plan/measure.py). The device comes from the catalogue
-(expframe/plan/hardware.json, each value with its published source) or, for `cpu`, is
-measured here. The model (expframe/plan/model.py): step = compute + HBM traffic + the
+(expframe/plan/hardware.json, each value with its published source), from a datasheet
+file (--hardware=FILE.json, expframe/plan/datasheet.py) or, for `cpu`, is measured
+here. The model (expframe/plan/model.py): step = compute + HBM traffic + the
 step's collectives (every update's all-reduce, every SyncBatchNorm all-reduce) + input +
-host, no overlap; the device model's parameters are fitted to published measurements
-(expframe/plan/anchors.py). Prints one table, writes JSON with --out.
+host, no overlap; the device model's parameters are shared by every device of a kind
+and fitted to published measurements (expframe/plan/anchors.py; checked by
+expframe/plan/validation.py). Prints one table, writes JSON with --out.
 
 Exit status: 0 with the table (also when a configuration does not fit in memory: the
 table names the shortfall); 2 for bad input (one line on stderr).
@@ -37,8 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gin_file", action="append", required=True, help="the experiment (repeatable)")
     p.add_argument("--gin_param", action="append", default=[], help="a gin binding (repeatable)")
     p.add_argument("--hardware", required=True, help="a catalogue device (v2, v3, v4, v5e, v5p, p100, v100 (16 GB), "
-                   "v100_32gb, a100 (80 GB), a100_40gb, h100, h200) or cpu (this machine, measured); rows count chips "
-                   "or GPUs, a TPU v2/v3 chip being 2 replicas")
+                   "v100_32gb, a100 (80 GB), a100_40gb, h100, h200), cpu (this machine, measured), or FILE.json: a "
+                   "device described by its datasheet (expframe/plan/datasheet.py), planned with the shared "
+                   "parameters alone; rows count chips or GPUs, a TPU v2/v3 chip being 2 replicas")
     p.add_argument("--devices", required=True, help="comma-separated device counts, e.g. 8,32,256")
     p.add_argument("--global_batch_size", type=int, help="examples per step (default: the experiment's)")
     p.add_argument("--utilisation", type=float, help="achieved / peak FLOP/s of the compute roof (default: fitted "
@@ -73,14 +76,14 @@ def check(args: argparse.Namespace) -> Optional[str]:
     """The first problem with the flags (one line), or None; imports no TensorFlow."""
     from expframe import gin_paths  # pylint: disable=import-outside-toplevel
     from expframe.errors import ConfigError  # pylint: disable=import-outside-toplevel
-    from expframe.plan import catalogue  # pylint: disable=import-outside-toplevel
+    from expframe.plan import catalogue, datasheet  # pylint: disable=import-outside-toplevel
     try:
         args.devices = _devices(args.devices)
     except ValueError as e:
         return str(e)
     if args.hardware.lower() != "cpu":
         try:
-            catalogue.published(args.hardware)
+            (datasheet.load if datasheet.is_datasheet(args.hardware) else catalogue.published)(args.hardware)
         except ConfigError as e:
             return str(e)
     positive = {"--global_batch_size": args.global_batch_size, "--devices_per_host": args.devices_per_host,

@@ -1,17 +1,19 @@
-"""The planner against published ResNet-50 measurements: the anchors table, and the fit of
-the device model's parameters.
+"""The planner against published ResNet-50 measurements: the anchors, and the fit of the
+device model's shared parameters to them.
 
     python -m expframe.plan.anchors              # the table (Markdown), as in docs/planning.md
     python -m expframe.plan.anchors --fit        # refit the parameters on the 'fitted' rows (JSON)
     python -m expframe.plan.anchors --measure    # re-measure the ResNet-50 footprint (TensorFlow, ~30 s)
 
-Every row of anchors.json (each with its source) is planned with the planner's own model
-(`model.plan_row`) on the catalogue's device, with this framework's ResNet-50 footprint
-(measured by `measure.py`, stored in anchors.json) and per-device batch norm, as the
-published runs used. The parameters of `hardware.json`'s 'efficiency' block marked
-fitted are those that minimise the sum of squared log(predicted / published) over the
-rows marked 'fitted' (a Nelder-Mead search, plain Python, a second or so); the rows
-marked 'held out' only check them. Plain Python: no TensorFlow unless --measure.
+Every row of anchors.json (each with its source and the software it ran on) is planned
+with the planner's own model (`model.plan_row`) on the catalogue's device, with this
+framework's ResNet-50 footprint (measured by `measure.py`, stored in anchors.json) and
+per-device batch norm, as the published runs used. The parameters of hardware.json's
+'efficiency' block marked fitted are those that minimise the sum of squared
+log(predicted / published) over the rows marked 'fitted' (L-BFGS-B on the parameters
+mapped into their bounds, a second or so). Rows marked 'repeat' publish a fitted row's
+configuration again: shown, never fitted. The runs that check the model live in
+heldout.json and are read by expframe/plan/validation.py only: `fit` refuses them.
 """
 
 import argparse
@@ -21,14 +23,18 @@ import math
 import os
 import statistics
 import sys
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional
 
 from expframe.plan import catalogue, model
 
 _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors.json")
-# The bounds of each fitted parameter's search (a compute efficiency is in (0, 1]).
-_BOUNDS = {"traffic_gpu": (0.0, 50.0), "traffic_tpu": (0.0, 50.0), "fill_batch_gpu": (0.0, 200.0),
-           "fill_batch_tpu": (0.0, 200.0)}
+# The bounds of each fitted parameter's search.
+BOUNDS = {"u_matrix": (0.05, 1.0), "tf32_ratio": (0.1, 1.0), "traffic_gpu": (0.0, 50.0), "traffic_fused": (0.0, 50.0),
+          "traffic_tpu": (0.0, 50.0), "fill_gpu": (0.0, 200.0), "fill_tpu": (0.0, 200.0), "serial": (0.0, 1.0),
+          "step_sync_s": (0.0, 0.05)}
+FAMILIES = {"p100": "P100", "v100": "V100", "v100_32gb": "V100", "a100": "A100", "a100_40gb": "A100", "h100": "H100",
+            "h200": "H100", "v2": "TPU v2", "v3": "TPU v3", "v4": "TPU v4", "v5e": "TPU v5e", "v5p": "TPU v5p"}
+HELD_OUT = "_held_out"  # the mark validation.py puts on every row it reads from heldout.json
 
 
 def load() -> dict:
@@ -51,127 +57,136 @@ def footprint(data: Optional[dict] = None) -> model.Footprint:
     return dataclasses.replace(experiment_footprint(data), sync_bn=[], sync_collectives=0, jit_compile=True)
 
 
-def hardware(anchor: Dict, parameters: Optional[Dict[str, float]] = None) -> catalogue.Hardware:
-    hw = catalogue.published(anchor["device"])
+def stacks(data: Optional[dict] = None) -> Dict[str, model.Stack]:
+    """anchors.json's software, as the device model's stacks."""
+    block = (data or load())["software"]
+    return {name: model.Stack(name, entry["traffic"], bool(entry["step_sync"]))
+            for name, entry in block.items() if not name.startswith("_")}
+
+
+def family(row: Dict) -> str:
+    """The device family a row belongs to ('A100' for both A100 cards)."""
+    return FAMILIES.get(row["device"], row["device"])
+
+
+def hardware(row: Dict, parameters: Optional[Dict[str, float]] = None) -> catalogue.Hardware:
+    """The catalogue's device of a row, with the row's hosts (devices per host, network)."""
+    hw = catalogue.published(row["device"])
     if parameters is not None:
         hw = dataclasses.replace(hw, efficiency={**hw.efficiency, **parameters})
-    if "devices_per_host" in anchor:
-        hw = dataclasses.replace(hw, devices_per_host=anchor["devices_per_host"])
+    if "devices_per_host" in row:
+        hw = dataclasses.replace(hw, devices_per_host=row["devices_per_host"])
+    if "inter_host_gbps" in row:
+        gbps = row["inter_host_gbps"]
+        hw = dataclasses.replace(hw, inter_host=dataclasses.replace(hw.inter_host, name=f"{gbps:g} Gbit/s per host",
+                                                                    bandwidth=gbps * 1e9 / 8))
     return hw
 
 
-def predict(anchor: Dict, parameters: Optional[Dict[str, float]] = None, fp: Optional[model.Footprint] = None) -> Dict:
-    """The planner's row for one anchor (its examples/s beside the published images/s)."""
+def predict(row: Dict, parameters: Optional[Dict[str, float]] = None, fp: Optional[model.Footprint] = None,
+            software: Optional[Dict[str, model.Stack]] = None) -> Dict:
+    """The planner's row for one published run (its examples/s beside the published images/s)."""
     fp = fp or footprint()
-    st = model.Settings(utilisation=None, precision=anchor["precision"], compiled=True)
-    return model.plan_row(fp, hardware(anchor, parameters), anchor["devices"], anchor["global_batch"], st)
+    stack = (software or stacks())[row["software"]]
+    st = model.Settings(utilisation=None, precision=row["precision"], compiled=True, stack=stack)
+    return model.plan_row(fp, hardware(row, parameters), row["devices"], row["global_batch"], st)
 
 
-def fitted_names(data: Optional[dict] = None) -> List[str]:
-    hw = catalogue._load()  # noqa: SLF001  (the catalogue's own file)
-    del data
-    return list(hw["efficiency"]["fitted"])
+def fitted_names() -> List[str]:
+    return list(catalogue.efficiency_priors())
 
 
-def _to_free(name: str, value: float) -> float:
-    low, high = _BOUNDS.get(name, (0.0, 1.0))
-    p = min(max((value - low) / (high - low), 1e-9), 1 - 1e-9)
-    return math.log(p / (1 - p))
+def fitted_rows(data: Optional[dict] = None) -> List[Dict]:
+    return [a for a in (data or load())["anchors"] if a["role"] == "fitted"]
 
 
-def _from_free(name: str, x: float) -> float:
-    low, high = _BOUNDS.get(name, (0.0, 1.0))
-    return low + (high - low) / (1 + math.exp(-x))
+def _to_unit(name: str, value: float) -> float:
+    low, high = BOUNDS[name]
+    return min(max((value - low) / (high - low), 0.0), 1.0)
 
 
-def nelder_mead(f: Callable[[List[float]], float], x0: Sequence[float], step: float = 0.5, tolerance: float = 1e-12,
-                max_evaluations: int = 20000) -> List[float]:
-    """Minimises f from x0 (Nelder and Mead 1965, standard coefficients)."""
-    n = len(x0)
-    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
-    values = [f(x) for x in simplex]
-    evaluations = n + 1
-    while evaluations < max_evaluations:
-        order = sorted(range(n + 1), key=values.__getitem__)
-        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-        if values[-1] - values[0] < tolerance:
+def _from_unit(name: str, x: float) -> float:
+    low, high = BOUNDS[name]
+    return low + (high - low) * min(max(float(x), 0.0), 1.0)
+
+
+def log_errors(rows: Iterable[Dict], parameters: Dict[str, float], data: Optional[dict] = None) -> List[float]:
+    """log(predicted / published) per row."""
+    data = data or load()
+    fp, software = footprint(data), stacks(data)
+    return [math.log(predict(a, parameters, fp, software)["examples_per_s"] / a["published"]) for a in rows]
+
+
+def fit(rows: Optional[List[Dict]] = None, names: Optional[List[str]] = None, fixed: Optional[Dict[str, float]] = None,
+        data: Optional[dict] = None) -> Dict[str, float]:
+    """The parameters that minimise the sum of squared log(predicted / published) over `rows`
+    (default: anchors.json's 'fitted' rows), starting from their priors.
+
+    Args:
+      rows: the rows to fit; a row read from heldout.json is refused (ValueError).
+      names: the parameters to fit (default: every fitted parameter); the others are `fixed`.
+      fixed: values of parameters not fitted (default: their priors).
+      data: anchors.json's content (the footprint and the software).
+    Returns:
+      Every fitted parameter's value (the fixed ones included).
+    """
+    from scipy import optimize  # pylint: disable=import-outside-toplevel
+
+    data = data or load()
+    rows = fitted_rows(data) if rows is None else rows
+    bad = [r["id"] for r in rows if r.get(HELD_OUT) or r.get("role") not in (None, "fitted")]
+    if bad:
+        raise ValueError(f"fit: {', '.join(bad)} are not fitted rows (held-out and repeated runs only check the model)")
+    priors = catalogue.efficiency_priors()
+    names = list(names if names is not None else priors)
+    constant = {k: v for k, v in {**priors, **(fixed or {})}.items() if k not in names}
+    fp, software = footprint(data), stacks(data)
+
+    def loss(unit) -> float:
+        parameters = {**constant, **{k: _from_unit(k, x) for k, x in zip(names, unit, strict=True)}}
+        return sum(math.log(predict(a, parameters, fp, software)["examples_per_s"] / a["published"]) ** 2
+                   for a in rows)
+
+    # Each parameter scaled to its bounds, [0, 1]; L-BFGS-B with finite differences.
+    bounds = [(0.0, 1.0)] * len(names)
+    best = optimize.minimize(loss, [_to_unit(k, priors[k]) for k in names], method="L-BFGS-B", bounds=bounds)
+    for _ in range(3):  # restart where it stopped: a search can stall where a bound flattens the loss
+        again = optimize.minimize(loss, best.x, method="L-BFGS-B", bounds=bounds)
+        if again.fun >= best.fun - 1e-9:
             break
-        centre = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
-        worst = simplex[-1]
-        reflected = [c + (c - w) for c, w in zip(centre, worst, strict=True)]
-        fr = f(reflected)
-        evaluations += 1
-        if fr < values[0]:
-            expanded = [c + 2 * (c - w) for c, w in zip(centre, worst, strict=True)]
-            fe = f(expanded)
-            evaluations += 1
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = [c + 0.5 * (w - c) for c, w in zip(centre, worst, strict=True)]
-            fc = f(contracted)
-            evaluations += 1
-            if fc < values[-1]:
-                simplex[-1], values[-1] = contracted, fc
-            else:
-                best = simplex[0]
-                simplex = [best] + [[b + 0.5 * (p - b) for b, p in zip(best, point, strict=True)]
-                                    for point in simplex[1:]]
-                values = [values[0]] + [f(x) for x in simplex[1:]]
-                evaluations += n
-    return simplex[min(range(n + 1), key=values.__getitem__)]
+        best = again
+    return {**constant, **{k: _from_unit(k, x) for k, x in zip(names, best.x, strict=True)}}
 
 
-def fit(data: Optional[dict] = None, start: Optional[Dict[str, float]] = None) -> Dict[str, float]:
-    """The fitted parameters: least squares in log(predicted / published) over the 'fitted' rows."""
+def table(data: Optional[dict] = None, parameters: Optional[Dict[str, float]] = None,
+          rows: Optional[List[Dict]] = None) -> List[Dict]:
+    """One dict per row (default: anchors.json's): the published and predicted images/s,
+    the error, the planner's step."""
     data = data or load()
-    fp = footprint(data)
-    rows = [a for a in data["anchors"] if a["role"] == "fitted"]
-    names = fitted_names()
-    start = start or {k: v for k, v in catalogue.efficiency_parameters().items() if k in names}
-
-    def loss(free: List[float]) -> float:
-        parameters = {k: _from_free(k, x) for k, x in zip(names, free, strict=True)}
-        return sum(math.log(predict(a, parameters, fp)["examples_per_s"] / a["published"]) ** 2 for a in rows)
-
-    best = [_to_free(k, start[k]) for k in names]
-    for _ in range(3):  # restarts from the best point: Nelder-Mead can stall on a ridge
-        best = nelder_mead(loss, best)
-    return {k: _from_free(k, x) for k, x in zip(names, best, strict=True)}
-
-
-def table(data: Optional[dict] = None, parameters: Optional[Dict[str, float]] = None) -> List[Dict]:
-    """One dict per anchor: the published and predicted images/s, the error, its role."""
-    data = data or load()
-    fp = footprint(data)
+    fp, software = footprint(data), stacks(data)
     out = []
-    for a in data["anchors"]:
-        row = predict(a, parameters, fp)
+    for a in (data["anchors"] if rows is None else rows):
+        row = predict(a, parameters, fp, software)
         ratio = row["examples_per_s"] / a["published"]
         out.append({**a, "predicted": row["examples_per_s"], "ratio": ratio, "error": ratio - 1,
-                    "per_replica_batch": row["per_replica_batch"], "bound": _bound(row),
+                    "per_replica_batch": row["per_replica_batch"], "bound": bound(row),
                     "utilisation": row["utilisation"]})
     return out
 
 
-def _bound(row: Dict) -> str:
+def bound(row: Dict) -> str:
+    """The planner's step in shares: 'compute 60%, HBM 35%, comm 5%'."""
     parts = {"compute": row["compute_s"], "HBM": row["hbm_s"], "comm": row["comm_s"], "host": row["host_s"]}
     total = sum(parts.values())
     return ", ".join(f"{k} {v / total:.0%}" for k, v in parts.items() if v / total >= 0.05)
 
 
 def summary(rows: List[Dict]) -> Dict[str, float]:
-    """Median absolute error (all, fitted, held out) and the worst ratio either way."""
-    def median(role=None):
-        errors = [abs(r["error"]) for r in rows if role is None or r["role"] == role]
-        return statistics.median(errors) if errors else float("nan")
-    return {"median_abs_error": median(), "fitted_median_abs_error": median("fitted"),
-            "held_out_median_abs_error": median("held out"),
-            "worst_ratio": max(max(r["ratio"], 1 / r["ratio"]) for r in rows),
-            "held_out": sum(1 for r in rows if r["role"] == "held out"),
-            "held_out_devices": len({r["device"].split("_")[0] for r in rows if r["role"] == "held out"}),
-            "fitted": sum(1 for r in rows if r["role"] == "fitted")}
+    """Median absolute error over the fitted rows and the worst ratio either way."""
+    fitted = [r for r in rows if r["role"] == "fitted"]
+    return {"median_abs_error": statistics.median(abs(r["error"]) for r in fitted),
+            "worst_ratio": max(max(r["ratio"], 1 / r["ratio"]) for r in fitted), "fitted": len(fitted),
+            "repeats": sum(1 for r in rows if r["role"] == "repeat")}
 
 
 def markdown(data: Optional[dict] = None) -> str:
@@ -179,22 +194,17 @@ def markdown(data: Optional[dict] = None) -> str:
     data = data or load()
     rows = table(data)
     s = summary(rows)
-    parameters = catalogue.efficiency_parameters()
-    lines = ["| anchor | configuration | published images/s | planner images/s | error | role | planner's step "
-             "| source |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| anchor | configuration | software | published images/s | planner images/s | error | role "
+             "| planner's step | source |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| `{r['id']}` | {r['what']} | {r['published']:,.0f} | {r['predicted']:,.0f} | "
-                     f"{r['error']:+.0%} | {r['role']} | {r['bound']}; util. {r['utilisation']:.0%} | "
-                     f"{r['source']}: {r['derivation']} |")
-    names = fitted_names()
-    fitted = ", ".join(f"{k} = {parameters[k]:.3g}" for k in names)
-    stated = [k for k in parameters if k not in names]
-    lines += ["", f"Median absolute error **{s['median_abs_error']:.1%}** over all {len(rows)} rows; "
-              f"**{s['fitted_median_abs_error']:.1%}** over the {s['fitted']} fitted rows and "
-              f"**{s['held_out_median_abs_error']:.1%}** over the {s['held_out']} held-out rows "
-              f"({s['held_out_devices']} device families); the worst row is off by "
-              f"{s['worst_ratio']:.2f}x. Fitted ({len(names)} parameters, hardware.json 'efficiency'): {fitted}"
-              + (f"; stated: {', '.join(f'{k} = {parameters[k]:.3g}' for k in stated)}." if stated else ".")]
+        role = f"repeat of `{r['repeats']}`" if r["role"] == "repeat" else r["role"]
+        source = f"{r['source']}" + (f" at {r['revision']}" if r.get("revision") else "")
+        lines.append(f"| `{r['id']}` | {r['what']} | {r['software']} | {r['published']:,.0f} | {r['predicted']:,.0f} | "
+                     f"{r['error']:+.0%} | {role} | {r['bound']}; util. {r['utilisation']:.0%} | "
+                     f"{source}: {r['derivation']} |")
+    lines += ["", f"Median absolute error **{s['median_abs_error']:.1%}** over the {s['fitted']} fitted rows; the "
+              f"worst is off by {s['worst_ratio']:.2f}x. {s['repeats']} row(s) repeat a fitted configuration: shown, "
+              "not fitted, not a check."]
     lines += ["", "Sources:", ""] + [f"- {key}: {text}" for key, text in data["sources"].items()]
     return "\n".join(lines)
 

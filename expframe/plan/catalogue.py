@@ -3,11 +3,14 @@ machine" (`cpu`) measured by the replicator's probes.
 
 A `Hardware` is one device type: its peak FLOP/s per precision, memory and memory
 bandwidth, how devices are wired (a ring inside a host, a TPU torus, the largest TPU
-slice) and the links inside and between hosts, and the device model's efficiency
-parameters (fitted to published ResNet-50 measurements: expframe/plan/anchors.py).
-Every published value names its source in hardware.json (`sources`, or 'assumed');
-`cpu` is measured here, so its numbers describe the machine the planner runs on, at
-the load it has now.
+slice) and the links inside and between hosts: what a datasheet says. The device
+model's parameters (expframe/plan/device_model.py) are not the device's: they are
+shared by every device of a kind and fitted to published ResNet-50 measurements
+(expframe/plan/anchors.py), so a device described by its datasheet alone
+(`from_datasheet`, `--hardware=FILE.json`) is planned with them as it stands. Every
+published value names its source in hardware.json (`sources`, or 'assumed'); `cpu` is
+measured here, so its numbers describe the machine the planner runs on, at the load it
+has now.
 
 Precision: a Keras policy runs at the peak TensorFlow reaches with it. float32 on a
 GPU with a TF32 peak (Ampere and later) is TF32 (TensorFlow's default since 2.4); on a
@@ -20,7 +23,7 @@ import json
 import os
 import re
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from expframe import provenance
 from expframe.errors import ConfigError
@@ -28,8 +31,9 @@ from expframe.errors import ConfigError
 _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hardware.json")
 # A Keras precision policy -> the key of the peak it computes at (before TF32, below).
 PRECISION_KEYS = {"float32": "fp32", "mixed_bfloat16": "bf16", "mixed_float16": "fp16"}
-# Math unit of a peak key on a GPU -> the efficiency parameter it uses (hardware.json 'efficiency').
-_GPU_EFFICIENCY = {"fp32": "gpu_fp32", "tf32": "gpu_tf32", "bf16": "gpu_16bit", "fp16": "gpu_16bit"}
+PEAK_KEYS = ("fp32", "tf32", "bf16", "fp16")
+KINDS = ("gpu", "tpu")
+TOPOLOGIES = ("ring", "torus2d", "torus3d")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +64,15 @@ class Hardware:
       cores_per_chip: replicas per device: 2 TensorCores per TPU v2/v3 chip, each a
         TPUStrategy replica; 1 elsewhere (v4/v5p run their two cores as one megacore).
       utilisation: stated achieved / peak FLOP/s of the whole step (this machine, calibrated);
-        None for a published device, whose compute efficiency comes from `efficiency`.
-      efficiency: the device model's parameters (hardware.json 'efficiency': compute
-        efficiency per math unit, activation traffic per kind, the fill batch).
-      efficiency_keys: a device's own efficiency parameter per peak key (P100: 'gpu_fp32_pascal').
+        None for an accelerator, whose compute efficiency comes from `efficiency`.
+      efficiency: the device model's shared parameters (hardware.json 'efficiency', the
+        same for every device: expframe/plan/device_model.py).
+      matrix_keys: the peak keys that run on matrix units (Tensor Cores, a TPU's MXUs);
+        the others run on the vector (CUDA) cores. None: every key but fp32 on a GPU
+        (Volta and later), every key on a TPU; P100 has none (its fp16 is packed on the
+        CUDA cores).
+      datasheet: the file a device described by its datasheet came from (None: the
+        catalogue or this machine).
       overlap: whether gradient communication overlaps compute on this target.
       shared_compute: True when every replica shares one pool of compute (logical CPU
         replicas): the step's compute time is then that of the whole global batch.
@@ -95,7 +104,8 @@ class Hardware:
     cores_per_chip: int = 1
     max_slice_devices: Optional[int] = None
     efficiency: Dict[str, float] = dataclasses.field(default_factory=dict)
-    efficiency_keys: Dict[str, str] = dataclasses.field(default_factory=dict)
+    matrix_keys: Optional[Tuple[str, ...]] = None
+    datasheet: Optional[str] = None
 
     def peak_key(self, precision: str) -> str:
         """The peak a Keras precision policy computes at: its key, TF32 for float32 where the
@@ -125,30 +135,44 @@ class Hardware:
             return f"{value} (no {wanted} peak on TPU: XLA runs float32 matmuls in bf16 passes)"
         return f"{value} (no {wanted} peak on this device)"
 
-    def efficiency_key(self, precision: str) -> str:
-        """The efficiency parameter of the math unit `precision` runs on."""
+    def math_unit(self, precision: str) -> str:
+        """'matrix' (Tensor Cores, a TPU's MXUs) or 'vector' (a GPU's CUDA cores): where the
+        step's convolutions and matmuls run at `precision`."""
         key = self.peak_key(precision)
-        if key in self.efficiency_keys:
-            return self.efficiency_keys[key]
-        return "tpu" if self.kind == "tpu" else _GPU_EFFICIENCY.get(key, "gpu_fp32")
+        if self.matrix_keys is not None:
+            return "matrix" if key in self.matrix_keys else "vector"
+        return "matrix" if self.kind == "tpu" or key != "fp32" else "vector"
+
+    def efficiency_key(self, precision: str) -> str:
+        """The shared parameter(s) the compute roof's efficiency comes from at `precision`."""
+        unit = f"u_{self.math_unit(precision)}"
+        return f"{unit} x tf32_ratio" if unit == "u_matrix" and self.peak_key(precision) == "tf32" else unit
 
     def compute_efficiency(self, precision: str) -> float:
         """Achieved over peak FLOP/s of the compute roof (the step's convolutions and
-        matmuls) at `precision`: fitted per math unit; this machine's stated utilisation."""
+        matmuls) at `precision`: the shared efficiency of its math unit (TF32 at its
+        ratio to the 16-bit path); this machine's stated utilisation."""
         if self.utilisation is not None:
             return self.utilisation
-        return self.efficiency[self.efficiency_key(precision)]
+        u = self.efficiency[f"u_{self.math_unit(precision)}"]
+        if self.math_unit(precision) == "matrix" and self.peak_key(precision) == "tf32":
+            u *= self.efficiency["tf32_ratio"]
+        return u
 
-    @property
-    def traffic(self) -> float:
-        """Bytes moved to and from memory per byte of saved activation (fitted per kind; 0
-        on this CPU, whose measured utilisation covers the whole step)."""
-        return self.efficiency.get(f"traffic_{self.kind}", 0.0)
+    def traffic(self, stack_traffic: str = "traffic_gpu") -> float:
+        """Bytes moved to and from memory per byte of saved activation: a TPU's (XLA fuses
+        the whole step), a GPU's under the software stack that runs it (`stack_traffic`:
+        TensorFlow's, or MXNet's fused batch-norm kernels); 0 on this CPU, whose measured
+        utilisation covers the whole step."""
+        if self.kind == "cpu":
+            return 0.0
+        return self.efficiency.get("traffic_tpu" if self.kind == "tpu" else stack_traffic, 0.0)
 
     @property
     def fill_batch(self) -> float:
-        """Per-replica batch at which the compute roof runs at half its efficiency (stated)."""
-        return self.efficiency.get(f"fill_batch_{self.kind}", 0.0)
+        """Per-replica batch at which the compute roof runs at half its efficiency (fitted
+        per kind: a GPU, a TPU core)."""
+        return self.efficiency.get(f"fill_{self.kind}", 0.0)
 
     @property
     def replica_memory_bytes(self) -> float:
@@ -167,6 +191,12 @@ def efficiency_parameters(data: Optional[dict] = None) -> Dict[str, float]:
     """The device model's parameters: hardware.json's fitted and stated 'efficiency' values."""
     block = (data or _load())["efficiency"]
     return {k: float(v) for part in ("fitted", "stated") for k, v in block[part].items()}
+
+
+def efficiency_priors(data: Optional[dict] = None) -> Dict[str, float]:
+    """Each fitted parameter's prior: where a fit starts, and its value when no row the fit
+    sees depends on it (hardware.json 'efficiency' 'prior')."""
+    return {k: float(v) for k, v in (data or _load())["efficiency"]["prior"].items()}
 
 
 def names() -> List[str]:
@@ -194,7 +224,8 @@ def published(name: str) -> Hardware:
                 pod_devices=entry.get("pod_devices"), utilisation=None,
                 overlap=bool(entry["overlap"]), sources=sources, per_op_s=float(entry.get("per_op_us", 0.0)) * 1e-6,
                 cores_per_chip=int(entry.get("cores_per_chip", 1)), max_slice_devices=entry.get("max_slice_devices"),
-                efficiency=efficiency_parameters(data), efficiency_keys=dict(entry.get("efficiency_keys", {})))
+                efficiency=efficiency_parameters(data),
+                matrix_keys=tuple(entry["matrix_keys"]) if "matrix_keys" in entry else None)
     raise ConfigError(f"--hardware={name!r} is not in the catalogue (expframe/plan/hardware.json); use one of "
                       f"{', '.join(names())}.")
 

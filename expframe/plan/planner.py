@@ -7,7 +7,7 @@ from typing import Dict, Optional, Sequence
 
 from expframe import epochs
 from expframe.errors import ConfigError
-from expframe.plan import catalogue, model
+from expframe.plan import catalogue, datasheet, model
 from expframe.plan.catalogue import Hardware
 
 # 'auto' precision per device kind (experiment.py: the fastest measured; bfloat16 on TPU).
@@ -79,10 +79,13 @@ def with_sync_probe(hw: Hardware, devices: Sequence[int], most: int = 16) -> Har
 
 def hardware(name: str, devices_per_host: Optional[int] = None, inter_host_gbps: Optional[float] = None,
              latency_us: Optional[float] = None, cpu_flops_measured: Optional[float] = None) -> Hardware:
-    """The catalogue's entry (or 'cpu', measured now), with the stated overrides applied."""
+    """The catalogue's entry, a device described by its datasheet (a .json file), or 'cpu'
+    (measured now), with the stated overrides applied."""
     if name.lower() == "cpu":
         hw = catalogue.measured_cpu(cpu_flops_measured if cpu_flops_measured is not None else cpu_flops(),
                                     per_op_s=cpu_per_op_s())
+    elif datasheet.is_datasheet(name):
+        hw = datasheet.load(name)
     else:
         hw = catalogue.published(name)
     changes = {}
@@ -124,7 +127,7 @@ def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, 
         rows.append(row)
     model.add_efficiency(rows, fp, hw, st)
     efficiency = utilisation if utilisation is not None else hw.compute_efficiency(chosen)
-    plan = {"gin_files": settings["gin_files"], "hardware": hw.name, "precision": chosen,
+    plan = {"gin_files": settings["gin_files"], "hardware": hw.name, "datasheet": hw.datasheet, "precision": chosen,
             "peak_note": hw.peak_note(chosen), "peak_flops": hw.peak(chosen), "utilisation": efficiency,
             "utilisation_source": _utilisation_source(hw, chosen, utilisation),
             "cores_per_chip": cores, "compiled": model.compiles(fp, hw, st),
@@ -158,9 +161,9 @@ def _utilisation_source(hw: Hardware, precision: str, stated: Optional[float]) -
     if hw.kind == "cpu":
         return hw.sources.get("utilisation", "")
     key = hw.efficiency_key(precision)
-    return (f"the compute roof's efficiency '{key}', fitted to published ResNet-50 measurements "
-            f"(expframe/plan/anchors.json; docs/planning.md); HBM traffic {hw.traffic:.3g} x saved activations, "
-            f"fill batch {hw.fill_batch:g}")
+    return (f"the compute roof's efficiency {key}, shared by every {hw.kind.upper()} and fitted to published "
+            f"ResNet-50 measurements (expframe/plan/anchors.json; docs/planning.md); HBM traffic "
+            f"{hw.traffic():.3g} x saved activations, fill batch {hw.fill_batch:.3g}")
 
 
 def _footprint_fields(fp: model.Footprint) -> Dict:

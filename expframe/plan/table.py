@@ -89,11 +89,16 @@ def notes(plan: Dict) -> List[str]:
            f"differentiated), each all-reducing 2 x channels + 1 float32 sums {span} (as many in its backward"
            f"{'; the moving statistics one more over all replicas' if groups else ''})",
            f"communication overlaps compute: {'yes' if plan['overlap'] else 'no'} (TensorFlow's default loop "
-           "reduces gradients after the backward pass); step ms = compute + hbm + comm + input + host; the step "
-           f"is {compiled}",
+           "reduces gradients after the backward pass); step ms = compute + hbm + comm + input + host (compute and "
+           "hbm: what the device's two roofs add, the longer in full, the shorter by the part that does not hide "
+           f"under it); the step is {compiled}",
            "strong = examples/s against the smallest device count at the same global batch, scaled by the device "
            "ratio; weak = examples/s against one device at the same per-replica batch, times the device count",
            f"input: {plan['input_note']}; host: {plan['host_note']}"]
+    if plan.get("datasheet"):
+        out.append(f"hardware {plan['hardware']}: described by its datasheet ({plan['datasheet']}), not in the "
+                   "catalogue: planned with the device model's shared parameters alone (no published row of this "
+                   "device was fitted); its own figures are the file's")
     if plan.get("train_epochs") is not None:
         out.append(f"to last step: Trainer.train_epochs = {plan['train_epochs']:g} is {plan['train_steps']:,} steps "
                    f"at global batch {plan['rows'][0]['global_batch']:,} ({plan['examples_per_epoch']:,} train "
@@ -105,7 +110,9 @@ def notes(plan: Dict) -> List[str]:
     for row in plan["rows"]:
         sync = (f"; SyncBatchNorm {size(row['sync_bn_bytes'])} per step through the busiest device "
                 f"({_ms(row['sync_bn_s'])} ms)" if row.get("sync_bn_bytes") else "")
-        out.append(f"{row['devices']} devices: all-reduce {row['all_reduce']}{sync}")
+        fixed = (f"; TensorFlow's fixed cost of a step over several GPUs {_ms(row['step_sync_s'])} ms (in comm)"
+                 if row.get("step_sync_s") else "")
+        out.append(f"{row['devices']} devices: all-reduce {row['all_reduce']}{sync}{fixed}")
         if not row["fits"]:
             out.append(f"{row['devices']} devices: does NOT fit: needs {size(row['memory_bytes']['total'])} per "
                        f"device, has {size(row['memory_bytes']['device'])}: short by "

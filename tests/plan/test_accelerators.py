@@ -1,8 +1,7 @@
 """The planner on accelerators (issue 52): SyncBatchNorm's bytes against closed forms per
 target, a GAN step's bytes against a count from GANTask, TPU cores as replicas, strong
 and weak scaling, TF32, memory against NVIDIA's recommended batches, the catalogue's
-sources and slice limits, and the anchors table against published measurements (with
-docs/planning.md holding the generated table)."""
+sources and slice limits (the published measurements: test_validation.py)."""
 
 import functools
 import os
@@ -182,8 +181,10 @@ def test_h100_at_8_and_256_gpus_no_longer_plans_equal_throughput_at_full_efficie
     assert eight["examples_per_s"] != pytest.approx(many["examples_per_s"], rel=0.05)
     assert eight["strong_efficiency"] == pytest.approx(1.0) and many["strong_efficiency"] < 0.5
     assert many["weak_efficiency"] < 1.0 and eight["weak_efficiency"] < 1.0
-    # 4 images per GPU, one GPU per batch-norm group: the device idles, communication stays a third
-    assert many["bottleneck"] == "compute" and many["comm_s"] < 0.5 * many["step_s"]
+    # 4 images per GPU, one GPU per batch-norm group: the device idles, and TensorFlow's fixed cost of
+    # a step over several GPUs (fitted on NVIDIA's 1-vs-8-GPU tables) is most of the step.
+    assert many["bottleneck"] == "comm" and many["step_sync_s"] > 0.5 * many["comm_s"]
+    assert many["grad_all_reduce_s"] + many["sync_bn_s"] < 0.25 * many["step_s"]
 
 
 def test_dispatch_under_xla_when_the_target_compiles():
@@ -201,9 +202,15 @@ def test_dispatch_under_xla_when_the_target_compiles():
 def test_float32_on_a100_uses_tf32():
     a100 = catalogue.published("a100")
     assert a100.peak("float32") == 156e12 and a100.peak_key("float32") == "tf32"
-    assert "TF32" in a100.peak_note("float32") and a100.efficiency_key("float32") == "gpu_tf32"
+    assert "TF32" in a100.peak_note("float32") and a100.efficiency_key("float32") == "u_matrix x tf32_ratio"
     plan = planner.make_plan(FP, {}, SETTINGS, a100, [8], precision="float32")
-    assert plan["peak_flops"] == 156e12 and plan["utilisation"] == a100.efficiency["gpu_tf32"]
+    assert plan["peak_flops"] == 156e12
+    assert plan["utilisation"] == pytest.approx(a100.efficiency["u_matrix"] * a100.efficiency["tf32_ratio"])
+    # The same Tensor Cores at 16 bits, and the CUDA cores of a V100 (no TF32) or a P100 (no Tensor Cores).
+    assert a100.efficiency_key("mixed_float16") == "u_matrix" and a100.efficiency_key("float32") != "u_vector"
+    assert catalogue.published("v100").efficiency_key("float32") == "u_vector"
+    assert catalogue.published("p100").efficiency_key("mixed_float16") == "u_vector"
+    assert catalogue.published("v3").efficiency_key("float32") == "u_matrix"
     assert catalogue.published("v100").peak("float32") == 15.7e12  # no TF32 before Ampere
     assert catalogue.published("v3").peak("float32") == 123e12      # a TPU: bf16 passes
 
@@ -234,7 +241,7 @@ def test_nvidia_recommended_batches_fit_a_16_gb_v100():
 
 # -- the catalogue --------------------------------------------------------------------------
 
-_FIELD_SOURCE = {"per_op_us": "per_op", "efficiency_keys": "utilisation"}
+_FIELD_SOURCE = {"per_op_us": "per_op"}
 
 
 def test_every_catalogue_value_has_a_source_or_says_assumed():
@@ -269,38 +276,6 @@ def test_the_v100_is_the_16_gb_card_the_experiment_plans():
     assert "V100 16 GB" in text and "fits 16 GB" in text
     assert catalogue.published("v100").memory_bytes == 16e9
     assert catalogue.published("v100_32gb").memory_bytes == 32e9
-
-
-# -- the anchors ----------------------------------------------------------------------------
-
-def test_the_anchors_table_holds_against_published_measurements():
-    data = anchors.load()
-    rows = anchors.table(data)
-    s = anchors.summary(rows)
-    assert len(rows) >= 10 and {r["device"].split("_")[0] for r in rows} >= {"p100", "v100", "a100", "h100", "v3",
-                                                                              "v4"}
-    assert s["median_abs_error"] <= 0.20 and s["worst_ratio"] <= 1.5
-    assert s["held_out"] >= 3 and s["held_out_devices"] >= 2
-    assert s["held_out_median_abs_error"] <= 0.20
-    for r in rows:
-        assert r["role"] in ("fitted", "held out") and r["source"] in data["sources"] and r["derivation"]
-    assert {r["precision"] for r in rows} >= {"float32", "mixed_float16", "mixed_bfloat16"}
-    assert any(r["device"].startswith("a100") and r["precision"] == "float32" for r in rows)  # TF32
-
-
-def test_the_fit_reproduces_the_catalogues_parameters():
-    stored = catalogue.efficiency_parameters()
-    for name, value in anchors.fit().items():
-        assert value == pytest.approx(stored[name], rel=0.02, abs=0.005), name
-
-
-def test_docs_planning_md_holds_the_generated_anchors_table():
-    with open(os.path.join(_ROOT, "docs", "planning.md"), encoding="utf-8") as f:
-        doc = f.read()
-    found = re.search(r"<!-- anchors:begin[^>]*-->\n(.*?)\n<!-- anchors:end -->", doc, re.S)
-    assert found, "docs/planning.md lost its anchors markers"
-    assert found.group(1).strip() == anchors.markdown().strip(), (
-        "docs/planning.md's anchors table is stale: regenerate it with python -m expframe.plan.anchors")
 
 
 # -- issue 59: the shipped TPU ResNet-50 at pod scale, planned with its batch-norm span -----

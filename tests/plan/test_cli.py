@@ -57,12 +57,16 @@ def test_the_plan_holds_the_measured_step_and_the_model(tiny_plan):
     assert fp["num_params"] > 70_000 and fp["grad_bytes"] <= fp["param_bytes"]
     assert fp["slot_bytes"] >= 2 * fp["grad_bytes"]  # Adam: two moments per trainable weight
     assert fp["sync_collectives"] == 7 and fp["flops_per_example"] > 0 and fp["ops"] > 100
-    u = catalogue.efficiency_parameters()["tpu"]  # fitted to the anchors; a TPU runs float32 matmuls in bf16
+    u = catalogue.efficiency_parameters()["u_matrix"]  # shared, fitted; a TPU runs float32 matmuls in bf16
     assert plan["precision"] == "float32" and plan["utilisation"] == u and plan["examples_per_epoch"] == 1_281_167
     one = plan["rows"][0]
-    fill = catalogue.efficiency_parameters()["fill_batch_tpu"]  # a small batch leaves the chip idle: not this one
-    assert one["compute_s"] == pytest.approx(
+    fill = catalogue.efficiency_parameters()["fill_tpu"]  # a small batch leaves the chip idle: not this one
+    assert one["compute_roof_s"] == pytest.approx(
         (fp["flops_fixed"] + fp["flops_per_example"] * 1048576) / (197e12 * u) * (1 + fill / 1048576))
+    # The longer roof counts in full, the shorter by its serial part.
+    serial = catalogue.efficiency_parameters()["serial"]
+    longer, shorter = sorted((one["compute_roof_s"], one["hbm_roof_s"]), reverse=True)
+    assert one["compute_s"] + one["hbm_s"] == pytest.approx(longer + serial * shorter)
     assert fp["all_reduce_bytes"] == [fp["grad_bytes"]] and len(fp["sync_bn"]) == 7  # one update, 7 batch norms
     assert one["comm_s"] == 0.0 and plan["rows"][1]["comm_s"] > 0
     assert one["to_last_step_s"] == pytest.approx(100 * one["step_s"])

@@ -79,16 +79,30 @@ def test_plan_row_step_time_and_memory():
     row = model.plan_row(FP, hw, 16, 512, st)
     assert row["per_replica_batch"] == 32
     # Two roofs: compute at the stated efficiency (and the GPU's fill batch), HBM traffic at the bandwidth.
-    assert row["compute_s"] == pytest.approx((1e9 + 10e9 * 32) / (312e12 * 0.5) * (1 + hw.fill_batch / 32))
-    traffic = hw.traffic * 0.5 * 32 * 1e8 + (2 * 4e8 + 4e8 + 2 * 8e8)   # 16-bit activations; the optimizer's pass
-    assert row["hbm_s"] == pytest.approx(traffic / 2039e9)
-    assert row["comm_s"] == pytest.approx(model.hierarchical_all_reduce_s(4e8, 8, 2, hw.intra_host, hw.inter_host,
-                                                                          tree=True))
+    compute = (1e9 + 10e9 * 32) / (312e12 * 0.5) * (1 + hw.fill_batch / 32)
+    traffic = hw.traffic() * 0.5 * 32 * 1e8 + (2 * 4e8 + 4e8 + 2 * 8e8)   # 16-bit activations; the optimizer's pass
+    memory = traffic / 2039e9
+    dev = model.device_time(FP, hw, 32, "mixed_bfloat16", 0.5)
+    assert (dev["compute_roof_s"], dev["hbm_roof_s"]) == (pytest.approx(compute), pytest.approx(memory))
+    # The longer roof in full, the shorter's serial part: 'serial' of it does not hide under the longer.
+    serial = hw.efficiency["serial"]
+    assert 0 < serial < 1
+    assert row["compute_s"] + row["hbm_s"] == pytest.approx(max(compute, memory) + serial * min(compute, memory))
+    assert max(row["compute_s"], row["hbm_s"]) == pytest.approx(max(compute, memory))
+    # Two hosts of 8 GPUs: the hierarchical all-reduce, and TensorFlow's fixed cost of a step over several GPUs.
+    all_reduce = model.hierarchical_all_reduce_s(4e8, 8, 2, hw.intra_host, hw.inter_host, tree=True)
+    assert row["step_sync_s"] == hw.efficiency["step_sync_s"] > 0
+    assert row["comm_s"] == pytest.approx(all_reduce + row["step_sync_s"])
     assert row["step_s"] == pytest.approx(row["compute_s"] + row["hbm_s"] + row["comm_s"])
     assert row["examples_per_s"] == pytest.approx(512 / row["step_s"])
     memory = row["memory_bytes"]
     assert memory["activations"] == pytest.approx(32 * 1e8 * 0.5)  # 16-bit activations
     assert memory["total"] == pytest.approx(4e8 + 4e8 + 8e8 + 1.6e9) and row["fits"]
+    # One GPU pays no synchronisation; neither does a stack without TensorFlow's (MXNet's), nor a TPU.
+    assert model.plan_row(FP, hw, 1, 32, st)["step_sync_s"] == 0.0
+    assert model.plan_row(FP, hw, 16, 512, model.Settings(0.5, "mixed_bfloat16", stack=model.Stack(
+        "mxnet", "traffic_fused", step_sync=False)))["step_sync_s"] == 0.0
+    assert model.plan_row(FP, catalogue.published("v4"), 16, 512, st)["step_sync_s"] == 0.0
 
 
 def test_a_plan_that_does_not_fit_names_its_shortfall():

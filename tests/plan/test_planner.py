@@ -17,7 +17,8 @@ def test_rows_epoch_and_precision():
     plan = planner.make_plan(FP, {"examples_per_epoch": 25_600}, SETTINGS, catalogue.published("a100"), [1, 8])
     a100 = catalogue.published("a100")
     assert plan["precision"] == "mixed_bfloat16" and plan["peak_flops"] == 312e12
-    assert plan["utilisation"] == a100.efficiency["gpu_16bit"] and "fitted" in plan["utilisation_source"]
+    assert plan["utilisation"] == a100.efficiency["u_matrix"] and "fitted" in plan["utilisation_source"]
+    assert "u_matrix" in plan["utilisation_source"] and "shared by every GPU" in plan["utilisation_source"]
     one, eight = plan["rows"]
     assert one["epoch_s"] == pytest.approx(100 * one["step_s"]) and one["to_last_step_s"] == pytest.approx(
         1000 * one["step_s"])
@@ -33,8 +34,11 @@ def test_a_mesh_divides_the_model_over_its_model_axis():
     row = plan["rows"][0]
     assert (row["data_axis"], row["model_axis"], row["per_replica_batch"]) == (2, 4, 128)
     assert row["memory_bytes"]["params"] == 2e8 and row["memory_bytes"]["slots"] == 4e8
-    assert row["compute_s"] == pytest.approx(128 * 1e9 / 4 / (989.5e12 * 0.5) * (1 + hw.fill_batch / 128))
-    assert row["comm_s"] == pytest.approx(model.ring_all_reduce_s(2e8, 2, hw.intra_host, tree=True))
+    dev = model.device_time(mesh, hw, 128, plan["precision"], 0.5)
+    assert dev["compute_roof_s"] == pytest.approx(128 * 1e9 / 4 / (989.5e12 * 0.5) * (1 + hw.fill_batch / 128))
+    assert row["compute_s"] + row["hbm_s"] == pytest.approx(dev["device_s"])
+    assert row["comm_s"] == pytest.approx(model.ring_all_reduce_s(2e8, 2, hw.intra_host, tree=True)
+                                          + hw.efficiency["step_sync_s"])  # 2 GPUs on the data axis
     with pytest.raises(ConfigError, match="model axis of 4"):
         planner.make_plan(mesh, {}, SETTINGS, hw, [6])
 
