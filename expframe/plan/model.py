@@ -15,23 +15,23 @@ roofline.
 
 Communication is what the step's code does (`Footprint.all_reduce_bytes` and
 `Footprint.sync_bn`, recorded while the step was traced), priced by
-`collective_cost`: every all-reduce the step makes (each optimizer update's
-gradients: a GAN's `disc_steps` discriminator updates and its generator update) with
-the target's algorithm (a ring or NCCL's tree inside a host, hierarchical across hosts,
-a TPU's torus and beyond its largest slice the data-centre network), and every
-training-mode SyncBatchNorm call's 2C + 1 float32 shifted sums over its group (and 2C
-backward; where the reduction cannot sit in a cond, as it needs merge_call on one host's
-GPUs without groups and on multi-worker clusters, the second pass's C floats every
-step: `collective_cost.second_pass_every_step`). With groups, the moving mean and
-variance (each group's) are averaged over all replicas at every update (Replicator.scope()'s MEAN aggregation: C floats each),
-waiting on nothing: where the step is compiled (XLA) the step's such all-reduces are
-independent of one another, so XLA's all-reduce combiner makes them one, of their
-summed bytes; elsewhere each is its own. The first steps' second pass (C floats, where
-the moving mean is still far from the batch's) is left out: the steady state is
-planned. On this machine a synchronised layer's cost at each device count is measured
-instead (`collective_probe`: it includes the skew between replicas the formulas leave
-out). A step over several GPUs also pays TensorFlow's fixed cost of such a step
-(`device_model.step_sync_s`, fitted), counted with communication.
+`collective_cost`: every all-reduce the step makes (each optimizer update's gradients: a
+GAN's `disc_steps` discriminator updates and its generator update) with the target's
+algorithm (a ring or NCCL's tree inside a host, hierarchical across hosts, a TPU's torus
+and beyond its largest slice the data-centre network), and every training-mode
+SyncBatchNorm call's 2C + 1 float32 shifted sums over its group (and 2C backward; where
+the reduction cannot sit in a cond, as it needs merge_call on one host's GPUs without
+groups and on multi-worker clusters, the second pass's C floats every step:
+`collective_cost.second_pass_every_step`). With groups, the moving mean and variance
+(each group's) are averaged over all replicas at every update (Replicator.scope()'s MEAN
+aggregation: C floats each), waiting on nothing: where the step is compiled (XLA) the
+step's such all-reduces are independent of one another, so XLA's all-reduce combiner
+makes them one, of their summed bytes; elsewhere each is its own. The first steps'
+second pass (C floats, where the moving mean is still far from the batch's) is left out:
+the steady state is planned. On this machine a synchronised layer's cost at each device
+count is measured instead (`collective_probe`: it includes the skew between replicas the
+formulas leave out). A step over several GPUs also pays TensorFlow's fixed cost of such
+a step (`device_model.step_sync_s`, fitted), counted with communication.
 
 Host: per host call (`--host_ms`, spread over steps_per_loop steps) plus dispatching the
 step: on the CPU the executor's ops, once per replica (logical replicas and loopback
