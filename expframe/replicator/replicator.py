@@ -10,6 +10,7 @@ from expframe.errors import ConfigError
 from expframe.replicator import auto_settings, collectives, targets
 from expframe.replicator.inputs import DistributedInput, per_replica
 from expframe.replicator.mesh_target import MeshTarget
+from expframe.replicator.statistics import Statistics
 from expframe.replicator.xla_steps import XlaSteps
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")
@@ -31,25 +32,6 @@ def mean_over_steps(one_step: Callable[[], Any], num_steps) -> Any:
     for _ in tf.range(num_steps - 1):
         totals = tf.nest.map_structure(tf.add, totals, one_step())
     return tf.nest.map_structure(lambda t: t / tf.cast(num_steps, t.dtype), totals)
-
-
-def _one_copy_of_statistics(next_creator, **kwargs):
-    """Variable creator of Replicator.scope(): a non-trainable floating-point variable
-    that Keras leaves unaggregated (batch norm's moving mean and variance) gets MEAN
-    aggregation, so that its update in a replicated step is averaged over the
-    replicas and every replica keeps the same value, instead of a copy per replica
-    that drifts from the others (and of which eval and checkpoints see only one).
-    Variables created with an explicit synchronization (see `identical_updates`)
-    are left as they are."""
-    trainable = kwargs.get("trainable")
-    aggregation = kwargs.get("aggregation") or tf.VariableAggregation.NONE
-    synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
-    dtype = kwargs.get("dtype")
-    if (trainable is False and aggregation == tf.VariableAggregation.NONE
-            and synchronization == tf.VariableSynchronization.AUTO
-            and dtype is not None and tf.as_dtype(dtype).is_floating):
-        kwargs["aggregation"] = tf.VariableAggregation.MEAN
-    return next_creator(**kwargs)
 
 
 def _as_identical_on_replicas(next_creator, **kwargs):
@@ -112,6 +94,7 @@ class Replicator:
         self._identity = targets.worker_identity(self.target, self.strategy)
         self.jit_compile = jit_compile
         self._xla = XlaSteps(jit_compile, self.target, self._local_replicas())
+        self._statistics = Statistics()  # scope()'s statistics, one copy after every run()
 
     def _local_replicas(self) -> int:
         if self.mesh_target is not None or self.coordinator is not None:
@@ -153,7 +136,8 @@ class Replicator:
 
         Non-trainable floating-point variables that Keras leaves unaggregated, such as
         `keras.layers.BatchNormalization`'s moving mean and variance, are kept as one
-        copy: their updates in a step are averaged over the replicas.
+        copy: each replica updates its own during a step, and `run` ends the step with
+        one all-reduce that averages the updates over the replicas (statistics.py).
         """
         if self.mesh_target is not None:  # the mesh is current: mesh layers create DTensor variables
             with self.mesh_target.scope():
@@ -161,7 +145,7 @@ class Replicator:
             return
         with self.strategy.scope():
             if self.strategy.num_replicas_in_sync > 1 and self.coordinator is None:
-                with tf.variable_creator_scope(_one_copy_of_statistics):
+                with tf.variable_creator_scope(self._statistics.creator):
                     yield
             else:  # one copy already: one replica, or variables on parameter servers
                 yield
@@ -253,7 +237,7 @@ class Replicator:
             return self.coordinator.schedule(step_fn, args=args, kwargs=kwargs)
         if self.mesh_target is not None:
             return self.mesh_target.run(step_fn, *args, **kwargs)
-        return self.strategy.run(step_fn, args=args, kwargs=kwargs)
+        return self.strategy.run(self._statistics.step(step_fn), args=args, kwargs=kwargs)
 
     def reduce(self, values: Any, op: str = "mean") -> Any:
         """Reduces per-replica values (a nested structure) to one value each, in cross-replica context.

@@ -10,7 +10,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import expframe as xf
-from expframe.replicator import targets
+from expframe.replicator import collective_audit, targets
 from tests import support
 
 
@@ -160,6 +160,21 @@ class StatisticsTest(support.TestCase):
         for variable, want in ((layer.moving_mean, mean), (layer.moving_variance, var)):
             self.assertSameValuePerReplica(rep, variable.value)
             np.testing.assert_allclose(rep.local_results(variable.value)[0], want, rtol=1e-5, atol=1e-6)
+        # One all-reduce per step for all the statistics, whatever their number; a step
+        # that reads them (inference) leaves them exactly as they were.
+        with rep.scope():
+            second = keras.layers.BatchNormalization(momentum=momentum)
+            second.build((None, 3))
+        with collective_audit.recording_strategy_reductions() as reductions:
+            graph = tf.function(lambda a: rep.run(lambda v: second(layer(v, training=True), training=True), a)
+                                ).get_concrete_function(support.per_replica(rep, lambda r: steps[0][:8 // n]))
+        ops = collective_audit.traced_collectives(graph.graph)
+        self.assertEqual(collective_audit.per_replica_elements(ops, reductions, n)["ops"], 1)
+        kept = [np.asarray(c) for c in rep.local_results(layer.moving_variance.value)]
+        inference = tf.function(lambda a: rep.run(lambda v: layer(v, training=False), a))
+        inference(support.per_replica(rep, lambda r: steps[0][r * 8 // n:(r + 1) * 8 // n] * 3.0))
+        for want_copy, copy in zip(kept, rep.local_results(layer.moving_variance.value), strict=True):
+            np.testing.assert_array_equal(np.asarray(copy), want_copy)
         # The checkpoint holds that one copy: restored on one device, it is the same.
         path = tf.train.Checkpoint(layer=layer).save(os.path.join(self.get_temp_dir(), "bn"))
         single = keras.layers.BatchNormalization()
@@ -181,10 +196,19 @@ class StatisticsTest(support.TestCase):
             sync, plain = xf.layers.SyncBatchNorm(), keras.layers.BatchNormalization()
             sync.build((None, 3))
             plain.build((None, 3))
-        # Already identical on every replica: updated locally, with no cross-replica mean.
-        self.assertEqual(sync.moving_mean.value.aggregation, tf.VariableAggregation.NONE)
-        self.assertEqual(plain.moving_mean.value.aggregation, tf.VariableAggregation.MEAN)
-        self.assertEqual(plain.gamma.value.aggregation, tf.VariableAggregation.NONE)  # trainable: the optimizer's
+        # Already identical on every replica (explicit synchronization): updated locally and
+        # left out of the average; plain batch norm's are averaged by run(), trainable ones
+        # are the optimizer's.
+            optimizer = xf.wrap_optimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+            optimizer.build(plain.trainable_variables)
+        averaged = {id(v) for v in rep._statistics.live()}  # pylint: disable=protected-access
+        self.assertTrue(optimizer.optimizer.variables)
+        for slot in optimizer.optimizer.variables:  # the optimizer's, updated in cross-replica context
+            self.assertNotIn(id(slot.value), averaged)
+        self.assertNotIn(id(sync.moving_mean.value), averaged)
+        self.assertIn(id(plain.moving_mean.value), averaged)
+        self.assertIn(id(plain.moving_variance.value), averaged)
+        self.assertNotIn(id(plain.gamma.value), averaged)
 
 
 class WorkerIdentityTest(support.TestCase):
