@@ -3,7 +3,9 @@ machine" (`cpu`) measured by the replicator's probes.
 
 A `Hardware` is one device type: its peak FLOP/s per precision, memory and memory
 bandwidth, how devices are wired (a ring inside a host, a TPU torus, the largest TPU
-slice) and the links inside and between hosts: what a datasheet says. The device
+slice), the links inside and between hosts, and the CPU cores of the reference system's
+host per device (`host_cpu`: the cores whose preprocessing feeds the devices, the
+planner's input bound, expframe/plan/input_bound.py): what a datasheet says. The device
 model's parameters (expframe/plan/device_model.py) are not the device's: they are
 shared by every device of a kind and fitted to published ResNet-50 measurements
 (expframe/plan/anchors.py), so a device described by its datasheet alone
@@ -34,6 +36,7 @@ PRECISION_KEYS = {"float32": "fp32", "mixed_bfloat16": "bf16", "mixed_float16": 
 PEAK_KEYS = ("fp32", "tf32", "bf16", "fp16")
 KINDS = ("gpu", "tpu")
 TOPOLOGIES = ("ring", "torus2d", "torus3d")
+VCPUS_PER_CORE = 2  # hyperthreads per physical core: a vendor's vCPU count is halved (hardware.json host_cores_rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,10 @@ class Hardware:
         to a step, per data-parallel device count (`collective_probe`, this machine only);
         where a count is missing the latency formula of `model.small_all_reduce_s` is used.
       cores: for shared compute, the cores its replicas share (each dispatches on one).
+      host_cpu: the CPU of the host that holds the devices, as hardware.json names it (None:
+        not known: this machine, or a datasheet without one).
+      host_cores_per_device: that host's physical cores per device (its cores, or its vCPUs
+        halved: `host_cores`), the cores whose input feeds the devices; None: not known.
     """
     name: str
     kind: str
@@ -106,6 +113,8 @@ class Hardware:
     efficiency: Dict[str, float] = dataclasses.field(default_factory=dict)
     matrix_keys: Optional[Tuple[str, ...]] = None
     datasheet: Optional[str] = None
+    host_cpu: Optional[str] = None
+    host_cores_per_device: Optional[float] = None
 
     def peak_key(self, precision: str) -> str:
         """The peak a Keras precision policy computes at: its key, TF32 for float32 where the
@@ -208,6 +217,23 @@ def _link(entry: dict) -> Link:
     return Link(entry["name"], float(entry["bandwidth"]), float(entry["latency_s"]))
 
 
+def host_cores(entry: dict, where: str) -> Tuple[str, float]:
+    """(description, physical cores) of a host's CPU: {"name", and "cores" or "vcpus"}. A
+    count of vCPUs (hyperthreads, as cloud VMs are sold) is halved: VCPUS_PER_CORE of them
+    make one core (hardware.json 'host_cores_rule'). A malformed entry is a ConfigError, one
+    line beginning with `where` (the file) and naming the field."""
+    if not isinstance(entry, dict) or "name" not in entry or ("cores" in entry) == ("vcpus" in entry):
+        raise ConfigError(f"{where}: field 'host_cpu' must be an object with a name and either 'cores' (physical) "
+                          f"or 'vcpus' (hyperthreads), got {entry!r}")
+    unit = "cores" if "cores" in entry else "vcpus"
+    count = entry[unit]
+    if isinstance(count, bool) or not isinstance(count, (int, float)) or not count > 0:
+        raise ConfigError(f"{where}: field 'host_cpu.{unit}' must be a positive number, got {count!r}")
+    cores = float(count) if unit == "cores" else count / VCPUS_PER_CORE
+    what = f"{count:g} cores" if unit == "cores" else f"{count:g} vCPUs = {cores:g} cores"
+    return f"{entry['name']}: {what}", cores
+
+
 def published(name: str) -> Hardware:
     """A catalogue entry by name or alias (case-insensitive); ConfigError if unknown."""
     data = _load()
@@ -215,6 +241,8 @@ def published(name: str) -> Hardware:
     for key, entry in data["devices"].items():
         if wanted == key or wanted in entry.get("aliases", []):
             sources = {field: _expand(ref, data["sources"]) for field, ref in entry["source"].items()}
+            host_cpu, cores = (host_cores(entry["host_cpu"], f"hardware.json, device {key!r}")
+                               if "host_cpu" in entry else (None, None))
             return Hardware(
                 name=key, kind=entry["kind"], topology=entry["topology"], devices_per_host=entry["devices_per_host"],
                 peak_flops={k: float(v) for k, v in entry["peak_flops"].items()},
@@ -225,7 +253,8 @@ def published(name: str) -> Hardware:
                 overlap=bool(entry["overlap"]), sources=sources, per_op_s=float(entry.get("per_op_us", 0.0)) * 1e-6,
                 cores_per_chip=int(entry.get("cores_per_chip", 1)), max_slice_devices=entry.get("max_slice_devices"),
                 efficiency=efficiency_parameters(data),
-                matrix_keys=tuple(entry["matrix_keys"]) if "matrix_keys" in entry else None)
+                matrix_keys=tuple(entry["matrix_keys"]) if "matrix_keys" in entry else None,
+                host_cpu=host_cpu, host_cores_per_device=cores / entry["devices_per_host"] if cores else None)
     raise ConfigError(f"--hardware={name!r} is not in the catalogue (expframe/plan/hardware.json); use one of "
                       f"{', '.join(names())}.")
 

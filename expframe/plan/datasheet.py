@@ -17,7 +17,9 @@ intra_host and inter_host (each a name, a bandwidth and a latency). Optional: na
 (default: the file's), topology ('ring' for a GPU, 'torus2d' or 'torus3d' for a TPU),
 cores_per_chip, matrix_keys (the peak keys on matrix units; default: all but fp32 on a
 GPU), pod_devices, max_slice_devices, multi_slice (a link), per_op_us (a GPU's launch,
-default 5, assumed as the catalogue's), sources. The device model's parameters are
+default 5, assumed as the catalogue's), host_cpu (the host's CPU: a name and its physical
+'cores', or its 'vcpus', halved to cores, for devices_per_host devices; without it the
+input of an ImageNet experiment is assumed to keep up), sources. The device model's parameters are
 not the device's: they are shared by every device of its kind (hardware.json), and the
 plan says that it was made with them alone. A malformed file is one line naming the
 file and the field (ConfigError).
@@ -111,6 +113,8 @@ def load(path: str) -> Hardware:
         if not isinstance(keys, list) or any(k not in catalogue.PEAK_KEYS for k in keys):
             raise _fail(path, "matrix_keys", f"must list precision keys ({', '.join(catalogue.PEAK_KEYS)})")
         matrix_keys = tuple(entry["matrix_keys"])
+    host_cpu, cores = (catalogue.host_cores(entry["host_cpu"], f"--hardware={path}")
+                       if "host_cpu" in entry else (None, None))
     optional_counts = {k: _count(path, k, entry[k]) for k in ("pod_devices", "max_slice_devices") if k in entry}
     sources: Dict[str, str] = {k: str(v) for k, v in entry.get("sources", {}).items()}
     sources.setdefault("datasheet", f"described by {path}")
@@ -126,4 +130,5 @@ def load(path: str) -> Hardware:
         utilisation=None, overlap=False, sources=sources,
         per_op_s=_per_op_us(path, entry.get("per_op_us"), kind) * 1e-6,
         cores_per_chip=_count(path, "cores_per_chip", entry.get("cores_per_chip", 1)),
-        efficiency=catalogue.efficiency_parameters(), matrix_keys=matrix_keys, datasheet=path, **optional_counts)
+        efficiency=catalogue.efficiency_parameters(), matrix_keys=matrix_keys, datasheet=path, host_cpu=host_cpu,
+        host_cores_per_device=cores / entry["devices_per_host"] if cores else None, **optional_counts)

@@ -82,7 +82,17 @@ def _settings(gin_files: Sequence[str], text: str) -> Dict:
         "steps_per_loop": _query("Trainer.steps_per_loop", 100),
         "samples_per_insert": _query("D4PGTask.samples_per_insert"), "num_actors": _query("D4PGTask.num_actors", 0),
         "uses": [name for name in KNOWN_TRAIN_EXAMPLES if f"{name}." in text or f"@{name}" in text],
+        "train_input": _reference_name(_query("ClassificationTask.dataset")),
+        "mock_input": bool(_query("imagenet_input.use_mock", False)),
         "d4pg": "D4PGTask" in text, "gan": "GANTask." in text, "gin_files": list(gin_files)}
+
+
+def _reference_name(value) -> Optional[str]:
+    """The configurable a gin reference (`@imagenet_input`) names, without its module; None
+    for anything else (unbound, a value)."""
+    if isinstance(value, gin.config.ConfigurableReference):
+        return value.selector.split(".")[-1]
+    return None
 
 
 def _overrides(settings: Dict) -> List[str]:

@@ -33,6 +33,11 @@ count is measured instead (`collective_probe`: it includes the skew between repl
 formulas leave out). A step over several GPUs also pays TensorFlow's fixed cost of such
 a step (`device_model.step_sync_s`, fitted), counted with communication.
 
+Input (`input_time`): one host's CPU preprocesses the examples of the devices it holds;
+tf.data's prefetch hides that under the device step, and what is longer than the device
+step adds to it: the step is then bound by input. Predicted from a per-core rate and the
+host's cores (input_bound.py chooses where), or stated as host seconds per example.
+
 Host: per host call (`--host_ms`, spread over steps_per_loop steps) plus dispatching the
 step: on the CPU the executor's ops, once per replica (logical replicas and loopback
 workers share the same cores, as many at once as there are cores); on a GPU the
@@ -45,6 +50,7 @@ Everything here is plain Python.
 """
 
 import dataclasses
+import math
 from typing import Dict, List, Optional, Tuple, Union
 
 from expframe.plan.catalogue import Hardware
@@ -141,10 +147,13 @@ class Settings:
     compiled: whether XLA compiles the step (None: from the experiment's target and
     Replicator.jit_compile).
     stack: the software that runs the step (this framework's: TensorFlow; the published
-    rows the model is checked against name theirs)."""
+    rows the model is checked against name theirs).
+    input_core_s_per_example: 1 / (a per-core input rate x host_core_factor), charged over
+    the host's cores (Hardware.host_cores_per_device; input_bound.choose sets it)."""
     utilisation: Optional[float]
     precision: str
     input_s_per_example: float = 0.0   # host seconds per example (over the host's cores); 0: keeps up
+    input_core_s_per_example: float = 0.0  # core-seconds per example over the host's cores; 0: not predicted
     host_call_s: float = 0.0           # per host call (one call runs steps_per_loop steps)
     steps_per_loop: int = 1
     compiled: Optional[bool] = None
@@ -208,8 +217,8 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
     comm = grad_s + sync_s + synced
     device_s = compute + hbm + comm
     per_host = min(devices, hw.devices_per_host)
-    input_total = st.input_s_per_example * per_replica * (1 if hw.shared_compute else per_host * hw.cores_per_chip)
-    input_s = max(0.0, input_total - device_s)  # tf.data's prefetch hides what the device step covers
+    inp = input_time(hw, per_replica, per_host, device_s, st)
+    input_s = max(0.0, inp["input_time_s"] - device_s)  # tf.data's prefetch hides what the device step covers
     # Dispatching the step: on a CPU the same cores pay it, once per replica (each logical
     # replica or worker process runs its own copy of the step's ops), as many at once as
     # there are cores; an accelerator hides it behind its kernels unless dispatch is slower
@@ -239,10 +248,44 @@ def plan_row(fp: Footprint, hw: Hardware, devices: int, global_batch: int, st: S
            fp.flops(per_replica) * data / step / peak,
            "memory_bytes": {**memory, "total": total, "device": capacity},
            "fits": total <= capacity, "shortfall_bytes": max(0.0, total - capacity),
-           "bottleneck": max(parts, key=parts.get)}
+           "bottleneck": "input" if inp["input_binds"] else max(parts, key=parts.get), **inp}
     if not row["fits"]:
         row["bottleneck"] = "memory"
     return row
+
+
+def input_time(hw: Hardware, per_replica: float, per_host: int, device_s: float, st: Settings) -> Dict:
+    """One host's input for a step: the seconds its CPU takes to preprocess its examples,
+    whether that binds the step, and the cores that would keep up with the device step.
+
+    Examples per host per step: the per-replica batch x the replicas of the devices on one
+    host (on this machine's logical replicas one replica's batch, as the stated time per
+    example has always been charged there). Predicted (`st.input_core_s_per_example`, the
+    host's cores known: `Hardware.host_cores_per_device` x its devices): examples x
+    core-seconds per example / the host's cores; stated (`st.input_s_per_example`, host
+    seconds per example over the host's cores): examples x it. On an accelerator the input
+    binds where it takes longer than the device step, which tf.data's prefetch otherwise
+    hides it under; this machine's rows (shared compute) keep their bottleneck as before.
+
+    Returns the row's input fields: input_time_s, input_examples_per_host,
+    input_host_cores (None: not known), input_cores_needed (cores that keep the input
+    within the device step; None: not known), input_service_cores (cores needed beyond
+    the host's, per host, rounded up: what tf.data service workers elsewhere would add;
+    0 where the input keeps up) and input_binds.
+    """
+    host_examples = per_replica * (1 if hw.shared_compute else per_host * hw.cores_per_chip)
+    host_cores = None if hw.shared_compute or not hw.host_cores_per_device else hw.host_cores_per_device * per_host
+    if st.input_core_s_per_example and host_cores:
+        core_s = st.input_core_s_per_example
+        seconds = host_examples * core_s / host_cores
+    else:
+        seconds = st.input_s_per_example * per_replica * (1 if hw.shared_compute else per_host * hw.cores_per_chip)
+        core_s = st.input_s_per_example * host_cores if host_cores else 0.0
+    needed = host_examples * core_s / device_s if core_s and device_s > 0 else None
+    service = None if needed is None else max(0, math.ceil(needed - host_cores - 1e-9))
+    return {"input_time_s": seconds, "input_examples_per_host": host_examples, "input_host_cores": host_cores,
+            "input_cores_needed": needed, "input_service_cores": service,
+            "input_binds": not hw.shared_compute and seconds > device_s}
 
 
 def add_schedule(row: Dict, examples_per_epoch: Optional[int], train_steps: int) -> None:

@@ -7,7 +7,7 @@ from typing import Dict, Optional, Sequence
 
 from expframe import epochs
 from expframe.errors import ConfigError
-from expframe.plan import catalogue, datasheet, model
+from expframe.plan import catalogue, datasheet, input_bound, input_rate, model
 from expframe.plan.catalogue import Hardware
 
 # 'auto' precision per device kind (experiment.py: the fastest measured; bfloat16 on TPU).
@@ -78,9 +78,11 @@ def with_sync_probe(hw: Hardware, devices: Sequence[int], most: int = 16) -> Har
 
 
 def hardware(name: str, devices_per_host: Optional[int] = None, inter_host_gbps: Optional[float] = None,
-             latency_us: Optional[float] = None, cpu_flops_measured: Optional[float] = None) -> Hardware:
+             latency_us: Optional[float] = None, cpu_flops_measured: Optional[float] = None,
+             host_cores_per_device: Optional[float] = None) -> Hardware:
     """The catalogue's entry, a device described by its datasheet (a .json file), or 'cpu'
-    (measured now), with the stated overrides applied."""
+    (measured now), with the stated overrides applied (a host's CPU cores per device among
+    them: the host of an accelerator)."""
     if name.lower() == "cpu":
         hw = catalogue.measured_cpu(cpu_flops_measured if cpu_flops_measured is not None else cpu_flops(),
                                     per_op_s=cpu_per_op_s())
@@ -97,18 +99,26 @@ def hardware(name: str, devices_per_host: Optional[int] = None, inter_host_gbps:
     if latency_us is not None:
         for key in ("intra_host", "inter_host"):
             changes[key] = dataclasses.replace(changes.get(key, getattr(hw, key)), latency_s=latency_us * 1e-6)
+    if host_cores_per_device is not None and not hw.shared_compute:
+        changes["host_cores_per_device"] = host_cores_per_device
+        changes["host_cpu"] = f"{host_cores_per_device:g} cores per device (stated: --host_cores_per_device)"
     return dataclasses.replace(hw, **changes) if changes else hw
 
 
 def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, devices: Sequence[int],
               global_batch_size: Optional[int] = None, utilisation: Optional[float] = None,
-              precision: Optional[str] = None, input_us_per_example: float = 0.0, host_ms_per_call: float = 0.0,
-              actors: Optional[int] = None, actor_steps_per_s: Optional[float] = None) -> Dict:
-    """The plan (a JSON-able dict with `rows`) for each device count in `devices`."""
+              precision: Optional[str] = None, input_us_per_example: Optional[float] = None,
+              host_ms_per_call: float = 0.0, actors: Optional[int] = None, actor_steps_per_s: Optional[float] = None,
+              host_core_factor: float = 1.0, rate: Optional[input_rate.InputRate] = None) -> Dict:
+    """The plan (a JSON-able dict with `rows`) for each device count in `devices`. The
+    input: `input_us_per_example` where stated, else predicted from the measured per-core
+    `rate` (default: input_rate.json) x `host_core_factor` where it applies
+    (`input_bound.choose`), else assumed to keep up."""
     batch = global_batch_size or settings["global_batch_size"]
     chosen = resolve_precision(precision or settings["precision"], hw)
-    st = model.Settings(utilisation=utilisation, precision=chosen,
-                        input_s_per_example=input_us_per_example * 1e-6, host_call_s=host_ms_per_call * 1e-3,
+    inp = input_bound.choose(settings, hw, input_us_per_example, host_core_factor, rate)
+    st = model.Settings(utilisation=utilisation, precision=chosen, input_s_per_example=inp.s_per_example,
+                        input_core_s_per_example=inp.core_s_per_example, host_call_s=host_ms_per_call * 1e-3,
                         steps_per_loop=settings["steps_per_loop"])
     train_steps = planned_train_steps(settings, details, fp, batch)
     axis = max(1, fp.model_axis)
@@ -134,8 +144,8 @@ def make_plan(fp: model.Footprint, details: Dict, settings: Dict, hw: Hardware, 
             "overlap": hw.overlap, "sources": hw.sources, "train_steps": train_steps,
             "train_epochs": settings.get("train_epochs"),
             "examples_per_epoch": details.get("examples_per_epoch"), "rows": rows,
-            "input_note": (f"{input_us_per_example:g} us of host time per example, hidden by prefetch up to the "
-                           "device step" if input_us_per_example else "assumed to keep up (--input_us_per_example)"),
+            "input_note": inp.note, "input": inp.as_dict(), "devices_per_host": hw.devices_per_host,
+            "host_cpu": hw.host_cpu, "host_cores_per_device": hw.host_cores_per_device,
             "host_note": f"{host_ms_per_call:g} ms per host call of {st.steps_per_loop} steps (--host_ms)",
             "measured": dict(details, precision_measured="float32"), "footprint": _footprint_fields(fp)}
     if settings.get("d4pg"):

@@ -113,6 +113,9 @@ def notes(plan: Dict) -> List[str]:
         fixed = (f"; TensorFlow's fixed cost of a step over several GPUs {_ms(row['step_sync_s'])} ms (in comm)"
                  if row.get("step_sync_s") else "")
         out.append(f"{row['devices']} devices: all-reduce {row['all_reduce']}{sync}{fixed}")
+        line = input_line(row, plan.get("devices_per_host", 1))
+        if line:
+            out.append(line)
         if not row["fits"]:
             out.append(f"{row['devices']} devices: does NOT fit: needs {size(row['memory_bytes']['total'])} per "
                        f"device, has {size(row['memory_bytes']['device'])}: short by "
@@ -120,6 +123,26 @@ def notes(plan: Dict) -> List[str]:
     for line in plan.get("d4pg_lines", []):
         out.append(line)
     return out
+
+
+def input_line(row: Dict, devices_per_host: int) -> Optional[str]:
+    """The line under the table for one row's input (None where nothing is known of its
+    cores): its time per step per host against the device step, and where it binds, the
+    data-service worker cores that would lift it."""
+    needed, cores = row.get("input_cores_needed"), row.get("input_host_cores")
+    if needed is None or cores is None:
+        return None
+    device_s = row["compute_s"] + row["hbm_s"] + row["comm_s"]
+    head = (f"{row['devices']} devices, input: {_ms(row['input_time_s'])} ms per step per host "
+            f"({row['input_examples_per_host']:,.0f} examples over {cores:g} cores) against a {_ms(device_s)} ms "
+            "device step")
+    if not row["input_binds"]:
+        return f"{head}: keeps up ({needed:.1f} of the host's {cores:g} cores busy)"
+    hosts = math.ceil(row["devices"] / devices_per_host)
+    service = row["input_service_cores"]
+    return (f"{head}: the step is bound by input; {math.ceil(needed)} cores per host would keep up, the host has "
+            f"{cores:g}: {service} data-service worker cores per host ({service * hosts:,} for {hosts:,} host"
+            f"{'s' if hosts > 1 else ''}; tf.data service workers on other machines) would lift the bound")
 
 
 def write_json(plan: Dict, path: str) -> None:

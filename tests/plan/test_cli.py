@@ -70,6 +70,10 @@ def test_the_plan_holds_the_measured_step_and_the_model(tiny_plan):
     assert fp["all_reduce_bytes"] == [fp["grad_bytes"]] and len(fp["sync_bn"]) == 7  # one update, 7 batch norms
     assert one["comm_s"] == 0.0 and plan["rows"][1]["comm_s"] > 0
     assert one["to_last_step_s"] == pytest.approx(100 * one["step_s"])
+    # ClassificationTask.dataset = @imagenet_input on real data: the input is predicted, over
+    # the v5e host's 14 cores per chip (224 vCPUs for 8 chips), at the measured per-core rate.
+    assert plan["input"]["predicted"] and plan["host_cores_per_device"] == 14
+    assert one["input_time_s"] == pytest.approx(1048576 / (14 * plan["input"]["images_per_sec_per_core"]))
 
 
 @pytest.mark.parametrize("flags, message", [
