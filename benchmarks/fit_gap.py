@@ -212,16 +212,17 @@ def main():
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--precision", default="float32")
     parser.add_argument("--global_batch_size", type=int, default=4)
+    parser.add_argument("--depth", type=int, default=50, help="ResNet depth (50; a small one for a smoke run)")
     parser.add_argument("--repeats", type=int, default=spread.REPEATS)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     names = tuple(args.variants)
     rt.RUNNER_CLASSES.update({k: _announced(k, VARIANTS[k]) for k in names})
-    cfg = rt.Setup(args.size, args.replicas, args.precision, args.global_batch_size, 1)
+    cfg = rt.Setup(args.size, args.replicas, args.precision, args.global_batch_size, 1, depth=args.depth)
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     print(f"{cpu_name()}, {os.cpu_count()} CPUs, inter-op threads "
-          f"{tf.config.threading.get_inter_op_parallelism_threads()}; ResNet-50 {args.size} px, "
+          f"{tf.config.threading.get_inter_op_parallelism_threads()}; ResNet-{args.depth} {args.size} px, "
           f"{args.replicas} replica(s), {args.precision}, batch {args.global_batch_size}, one step per call, "
           f"{args.repeats} interleaved repeats", flush=True)
     row = rt.measure(cfg, args.repeats, names)

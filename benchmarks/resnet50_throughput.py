@@ -36,6 +36,9 @@ ResNet-50's forward pass at 224x224 is about 4.1 G multiply-adds per image (8.2
 GFLOP); training is 3x the forward pass (forward + backward), 24.6 GFLOP per image
 at 224; convolution FLOPs scale with the pixel count, (size / 224)^2.
 
+Precision `auto` (in --precisions) stands for the policy `run_experiment.precision = 'auto'` picks
+on this machine, measured once if it is another listed.
+
 Cost: each configuration builds and traces three ResNet-50s, about a minute each on
 2 cores, then times them: a repeat at 224x224 with batch 4 and one step per call is
 about 3.6 s (0.9 s expframe, 0.9 hand-written, 1.8 fit's two executions), 1.2 s at 128
@@ -321,7 +324,8 @@ def main():
                         help="2 configurations, batch 4, 1 step per call (~12 minutes on 2 cores)")
     parser.add_argument("--sizes", type=int, nargs="+", default=None)
     parser.add_argument("--replicas", type=int, nargs="+", default=None)
-    parser.add_argument("--precisions", nargs="+", default=None)
+    parser.add_argument("--precisions", nargs="+", default=None,
+                        help="Keras precision policies, or 'auto': the one run_experiment.precision='auto' picks here")
     parser.add_argument("--global_batch_size", type=int, default=None)
     parser.add_argument("--steps_per_call", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None,
@@ -357,6 +361,8 @@ def main():
     # What `run_experiment.precision = 'auto'` runs with on this machine (its cached
     # measurement, or one made now), set beside the precisions measured below.
     auto = auto_settings.precision_choice("cpu")
+    # 'auto': the precision `run_experiment.precision = 'auto'` runs with here (once, if it is another one listed).
+    cfg["precisions"] = list(dict.fromkeys(auto.value if p == "auto" else p for p in cfg["precisions"]))
     load_start = os.getloadavg()[0]
     print(f"ResNet-50, global batch {cfg['global_batch_size']}, {cfg['steps_per_call']} step(s) per call, "
           f"{cfg['repeats']} interleaved repeats; images/s (MFU); * = the precision 'auto' chose here")

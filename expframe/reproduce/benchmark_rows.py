@@ -65,6 +65,20 @@ def resnet50(data: dict) -> list[dict]:
     return rows
 
 
+def fit_gap(data: dict) -> list[dict]:
+    """benchmarks/fit_gap.py: each variant's speed over Keras fit's and over expframe's."""
+    setup = data["setup"]
+    where = f"{setup['size']} px, {setup['num_replicas']} replica(s), {setup['precision']}"
+    rows = []
+    for name, v in data["variants"].items():
+        for other, label in (("keras_fit", "Keras fit"), ("expframe", "expframe")):
+            found = v.get(f"over_{other}")
+            if found:
+                goal = spread.parity() if (name, other) == ("expframe", "keras_fit") else None
+                rows.append(row(f"{name} / {label}, images/s, {where} (paired)", found["median"], goal, found))
+    return rows
+
+
 def scaling(data: dict) -> list[dict]:
     goal = spread.at_least(data["goal"])
     return [row("weak-scaling efficiency, 2 worker processes (multi_worker) / 2 x 1 (paired by repeat)",

@@ -335,8 +335,8 @@ BENCHMARKS = (
     # 4 x 3 + 30 x (2 x 3.6 + 2 x 1.2) / 60 = about 17 min estimated; 14.2 measured (2026-12-06).
     Benchmark("resnet50_throughput", "ResNet-50: expframe against a hand-written loop and Keras fit, with MFU",
               "benchmarks/resnet50_throughput.py",
-              ("--sizes", "224", "128", "--replicas", "2", "1", "--precisions", "float32", "--global_batch_size", "4",
-               "--steps_per_call", "1", "--repeats", _REPEATS),
+              ("--sizes", "224", "128", "--replicas", "2", "1", "--precisions", "float32", "auto",
+               "--global_batch_size", "4", "--steps_per_call", "1", "--repeats", _REPEATS),
               ("--sizes", "32", "--replicas", "1", "--precisions", "float32", "--global_batch_size", "1",
                "--steps_per_call", "1", "--repeats", "1"),
               benchmark_rows.resnet50, minutes=14, repeated=True,
@@ -353,6 +353,11 @@ BENCHMARKS = (
               "benchmarks/d4pg_throughput.py", (), ("--smoke",), benchmark_rows.d4pg_throughput, minutes=4,
               readme="docs/d4pg.md#distributed-acting-actor-processes-over-rpc"),
     # About 45 min on 2 shared cores: tracing 53 layers on up to 32 replicas is most of it.
+    Benchmark("fit_gap", "Where Keras fit's lead over expframe at ResNet-50 comes from: one change at a time",
+              "benchmarks/fit_gap.py", ("--size", "128", "--replicas", "2", "--repeats", _REPEATS),
+              ("--size", "32", "--depth", "8", "--repeats", "1", "--variants", "expframe", "keras_fit",
+               "xf_mean_stats"), benchmark_rows.fit_gap, minutes=8, repeated=True,
+              readme="docs/resnet50.md#where-keras-fits-lead-came-from"),
     Benchmark("sync_batch_norm", "SyncBatchNorm designs on 2-32 CPU replicas: step time against plain batch norm "
               "and the variance's exactness (ResNet-50's 53 batch norms)", "benchmarks/sync_batch_norm.py",
               ("--repeats", _REPEATS), ("--quick", "--repeats=1"), benchmark_rows.sync_batch_norm, minutes=45,
