@@ -41,7 +41,6 @@ and JSON in benchmarks/results/fit_gap_<size>px_<n>rep_<precision>.json.
 import argparse
 import gc
 import os
-import statistics
 import sys
 import time
 
@@ -54,13 +53,12 @@ if _inter_op:  # before expframe splits the CPU (and sets its own pool size)
     import tensorflow as _tf
     _tf.config.threading.set_inter_op_parallelism_threads(_inter_op)
 
-import resnet50_throughput as rt  # noqa: E402  (splits the CPU into 2 logical devices)
-
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import handwritten  # noqa: E402
+import resnet50_throughput as rt  # noqa: E402  (splits the CPU into 2 logical devices)
 from expframe.replicator import collectives, statistics  # noqa: E402
 from expframe.replicator import replicator as replicator_module  # noqa: E402
 from expframe.reproduce import spread  # noqa: E402
