@@ -22,6 +22,10 @@ thing from one runner towards another:
   xf_mean_stats   expframe as it was before issue 61: batch norm's moving statistics
                   one copy by MEAN aggregation (a cross-replica mean at every assign,
                   one per variable).
+  xf_mean_grads   expframe's gradients as before issue 61: summed over the replicas,
+                  then divided by their number (one more pass over every gradient),
+                  instead of 1/N fed into the backward pass as Keras fit feeds it.
+  xf_before_61    both of the above: expframe as it was before issue 61.
   xf_local_stats  expframe with batch norm's moving statistics left per replica (no
                   average at all), as plain Keras under a strategy leaves them: what
                   one copy costs (expframe/replicator/statistics.py).
@@ -60,6 +64,7 @@ import tensorflow as tf  # noqa: E402
 import handwritten  # noqa: E402
 import resnet50_throughput as rt  # noqa: E402  (splits the CPU into 2 logical devices)
 from expframe.replicator import collectives, statistics  # noqa: E402
+from expframe.replicator import optimizer as optimizer_module  # noqa: E402
 from expframe.replicator import replicator as replicator_module  # noqa: E402
 from expframe.reproduce import spread  # noqa: E402
 from machine import cpu_name, machine, write_result  # noqa: E402
@@ -112,6 +117,23 @@ def _mean_aggregated(self, next_creator, **kwargs):
 class XfMeanStatistics(PatchedExpframe):
     changes = ((statistics.Statistics, "creator", _mean_aggregated),
                (statistics.Statistics, "step", lambda self, step_fn: step_fn))
+
+
+def _minimize_dividing_after(self, loss, variables, tape=None):
+    """ReplicatedOptimizer.minimize before issue 61 (no loss scaling, as here): the
+    gradients of the loss, averaged over the replicas by a mean all-reduce (a sum, then a
+    division of every gradient)."""
+    variables = list(variables)
+    self.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+    return loss
+
+
+class XfMeanGradients(PatchedExpframe):
+    changes = ((optimizer_module.ReplicatedOptimizer, "minimize", _minimize_dividing_after),)
+
+
+class XfBefore61(PatchedExpframe):
+    changes = XfMeanStatistics.changes + XfMeanGradients.changes
 
 
 class XfLocalStatistics(PatchedExpframe):
@@ -181,7 +203,8 @@ class KerasStep:
 
 VARIANTS = {"expframe": rt.ExpframeRunner, "handwritten": rt.HandwrittenRunner, "keras_fit": rt.KerasFitRunner,
             "hw_fit_shape": HwFitShape, "keras_step": KerasStep, "xf_no_loop": XfNoLoop,
-            "xf_mean_stats": XfMeanStatistics, "xf_local_stats": XfLocalStatistics, "xf_unpacked": XfUnpacked}
+            "xf_mean_stats": XfMeanStatistics, "xf_mean_grads": XfMeanGradients, "xf_before_61": XfBefore61,
+            "xf_local_stats": XfLocalStatistics, "xf_unpacked": XfUnpacked}
 
 
 def _announced(name, cls):

@@ -29,8 +29,8 @@ table.
 Groups (`group_size = k`): replica r normalises with the moments of replicas
 k(r // k) .. k(r // k) + k - 1, one collective group each (`collectives.all_reduce(
 group_size=k)`): a group costs its group, not the world. The moving statistics are
-the groups', averaged over all replicas at every update by `Replicator.scope()` (MEAN
-aggregation, as for plain `keras.layers.BatchNormalization`): one copy, the whole
+the groups', averaged over all replicas at every update by `Replicator.scope()` (as
+for plain `keras.layers.BatchNormalization`: replicator/statistics.py): one copy, the whole
 batch's mean and the mean of the groups' variances, which misses the variance
 between the groups' means (about var / (group's count) for independent samples:
 1e-4 of it for ResNet-50's smallest batch norm in groups of 8 cores of 32 images).
@@ -126,8 +126,8 @@ class SyncBatchNorm(keras.layers.BatchNormalization):
             with identical_updates():
                 super().build(input_shape)
         else:
-            # Each group's statistics, averaged over the replicas at every update by
-            # Replicator.scope() (MEAN aggregation, as for keras BatchNormalization).
+            # Each group's statistics, averaged over the replicas at every step by
+            # Replicator.scope() (as for keras BatchNormalization: replicator/statistics.py).
             super().build(input_shape)
 
     def _group(self) -> Optional[int]:
