@@ -150,3 +150,14 @@ def sync_batch_norm(data: dict) -> list[dict]:
                 rows.append(row(f"{name}: variance error vs float64, mean 1e3 std 1, {case} shift, {n} replicas",
                                 value))
     return rows
+
+
+def imagenet_input(data: dict) -> list[dict]:
+    """benchmarks/imagenet_input.py: each runner's images/s per core, the paired comparisons
+    (shipped / standard recipe, 2 threads / 1) and the steps that make the shipped train
+    pipeline slower (a variant without the step / with it); no goals."""
+    rows = [row(f"{r['what']}, images/s per core, {r['threads']} thread(s)", r["per_core"]["median"], None,
+                r["per_core"]) for r in data["runners"].values()]
+    rows += [row(f"{c['what']} (paired)", c["spread"]["median"], None, c["spread"]) for c in data["comparisons"]]
+    return rows + [row(f"why: {w['what']}, images/s (paired)", w["spread"]["median"], None, w["spread"])
+                   for w in data["why"]]

@@ -365,6 +365,14 @@ BENCHMARKS = (
     Benchmark("model_parallel", "Model parallelism on a DTensor mesh: memory per device and examples/s",
               "benchmarks/model_parallel.py", (), ("--smoke",), benchmark_rows.model_parallel, minutes=3,
               readme="docs/mesh.md#model-parallelism-dtensor-mesh"),
+    # Estimated, not yet timed in full: 6 s to generate and prepare 512 JPEGs, then 30 repeats of
+    # ten runners (eight on 1 thread, two on 2) at 512 images each, ~13 s a repeat at the smoke
+    # runs' rates (about 7 min); rounded up. --quick (32 JPEGs, 1 repeat) took 14 s.
+    Benchmark("imagenet_input", "The ImageNet input pipelines (expframe/data/imagenet.py): images/s per CPU core on "
+              "1 and 2 threads, against the standard ResNet recipe, and what makes the difference",
+              "benchmarks/imagenet_input.py", ("--repeats", _REPEATS), ("--quick",), benchmark_rows.imagenet_input,
+              minutes=10, repeated=True,
+              readme="docs/planning.md#the-input-bound-a-hosts-cpu-cores-against-its-devices"),
 )
 
 
