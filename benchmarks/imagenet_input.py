@@ -112,6 +112,12 @@ COLOUR_OCTAVE = (160, 20.0)
 
 # -- the data ---------------------------------------------------------------------------------------
 
+
+def _instruction_sets() -> str:
+    """What TensorFlow's kernels depend on: AVX-512 and native bfloat16 or not (the name does not say)."""
+    m = machine()
+    return ("AVX-512" if m["avx512"] else "no AVX-512") + (", native bfloat16" if m["bf16"] else "")
+
 def image_sizes(n: int, rng: np.random.Generator) -> list:
     """(height, width) of n images at ImageNet's size distribution (module docstring)."""
     sizes = []
@@ -446,7 +452,8 @@ def headline(summary: dict, data: dict, config: dict, repeats: int, quick: bool,
     sha, dirty = provenance.commit()
     return {
         "images_per_sec_per_core": found["median"],
-        "cpu": f"one core of a {machine()['cores']}-core {cpu_name()} (tf.data private thread pool of 1, intra-op "
+        "cpu": f"one core of a {machine()['cores']}-core {cpu_name()} ({_instruction_sets()}; tf.data private "
+               f"thread pool of 1, intra-op "
                f"parallelism 1), TensorFlow {tf.__version__}, 1-minute load average {load_start:.2f} at the start",
         "source": (f"benchmarks/imagenet_input.py{' --quick' if quick else ''} on {provenance.now()[:10]}, commit "
                    f"{sha[:12]}{' (dirty)' if dirty else ''}: the shipped train pipeline (expframe/data/imagenet.py "

@@ -63,7 +63,7 @@ def test_a_malformed_host_cpu_in_a_datasheet_is_one_line_naming_the_file_and_fie
 
 # -- the measured rate -----------------------------------------------------------------------
 
-def test_the_shipped_rate_is_the_issues_measurement_with_its_provenance():
+def test_the_shipped_rate_is_a_measurement_with_its_provenance():
     rate = input_rate.load()
     assert rate.images_per_sec_per_core > 0 and rate.path == input_rate.DEFAULT
     assert "decode_and_crop_jpeg" in rate.source or "benchmarks" in rate.source
