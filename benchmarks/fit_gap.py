@@ -66,6 +66,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import handwritten  # noqa: E402
+import resnet50_host_call  # noqa: E402
 import resnet50_throughput as rt  # noqa: E402  (splits the CPU into 2 logical devices)
 from expframe.replicator import collectives, statistics  # noqa: E402
 from expframe.replicator import optimizer as optimizer_module  # noqa: E402
@@ -148,32 +149,11 @@ class XfUnpacked(PatchedExpframe):
     changes = ((collectives, "_PACK_MAX_ELEMENTS", 0),)
 
 
-class HwFitShape:
+class HwFitShape(resnet50_host_call.NoLoopRunner):
     """handwritten's replica step in fit's host call (one step, nested tf.function)."""
 
     def __init__(self, cfg):
-        strategy = handwritten.baseline_strategy(cfg.strategy_kind, cfg.num_replicas, cfg.target)
-        with strategy.scope():
-            model, optimizer = rt.build_model(cfg.size, cfg.depth), rt.build_optimizer()
-        step, self.iterator = handwritten.replica_step(
-            strategy, model, optimizer,
-            lambda per: tf.data.Dataset.from_tensors(rt.synthetic_batch(per, cfg.size)).repeat(),
-            cfg.global_batch, rt.NUM_CLASSES)
-
-        @tf.function
-        def one_step(batch):
-            return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(step, args=(batch,)), axis=None)
-
-        @tf.function
-        def call(iterator):
-            return one_step(next(iterator))
-
-        self.call = call
-
-    def __call__(self):
-        start = time.perf_counter()
-        loss = float(self.call(self.iterator))
-        return loss, time.perf_counter() - start
+        super().__init__(cfg, nested=True)
 
 
 class KerasStep:

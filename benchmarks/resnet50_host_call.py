@@ -46,9 +46,11 @@ PAIRS = (("expframe", "expframe_unpacked"), ("expframe", "handwritten"), ("expfr
 
 
 class NoLoopRunner:
-    """The hand-written step with no loop: one `strategy.run` per tf.function call."""
+    """The hand-written step with no loop: one `strategy.run` per tf.function call; with
+    `nested`, the replicated step and its reduction in a nested tf.function, the shape of
+    Keras fit's host call at steps_per_execution = 1 (benchmarks/fit_gap.py)."""
 
-    def __init__(self, cfg: rt.Setup):
+    def __init__(self, cfg: rt.Setup, nested: bool = False):
         strategy = handwritten.baseline_strategy(cfg.strategy_kind, cfg.num_replicas, cfg.target)
         with strategy.scope():
             model, optimizer = rt.build_model(cfg.size, cfg.depth), rt.build_optimizer()
@@ -57,9 +59,13 @@ class NoLoopRunner:
             lambda per_replica: tf.data.Dataset.from_tensors(rt.synthetic_batch(per_replica, cfg.size)).repeat(),
             cfg.global_batch, rt.NUM_CLASSES)
 
+        def replicated(batch):
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(step, args=(batch,)), axis=None)
+        inner = tf.function(replicated) if nested else replicated
+
         @tf.function
         def one(iterator):
-            return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(step, args=(next(iterator),)), axis=None)
+            return inner(next(iterator))
 
         self.one = one
 

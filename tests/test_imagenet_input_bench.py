@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 from expframe.data import imagenet
 from expframe.reproduce import figures, page, registry, running
 from tests import main_runner as mr
+from tests.test_results_figures import _record
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +94,7 @@ def test_rows_carry_their_spreads_on_the_page(bench, tmp_path):
     assert len(rows) == 5 + 2 + 3 and all(r["spread"] and r["goal"] is None for r in rows)
     work, out = str(tmp_path / "work"), str(tmp_path / "docs")
     os.makedirs(os.path.join(work, running.RECORDS))
-    rec = {"name": result.name, "kind": "benchmark", "quick": False, "script_quick": False, "complete": True,
-           "reproduce": "python -m expframe.reproduce --set=benchmarks --only=imagenet_input",
-           "commands": ["python benchmarks/imagenet_input.py --repeats 30 --out=x.json"],
-           "started": "2026-12-07T10:00:00+00:00", "finished": "2026-12-07T10:10:00+00:00", "wall_s": 600.0,
-           "commit": "0" * 40, "dirty": False, "expframe": "0.1.0", "tensorflow": "2.21.0", "keras": "3.15.1",
-           "machine": {"cpu": "Test CPU", "cores": 2, "avx512": False, "bf16": True, "platform": "Linux",
-                       "python": "3.11.7"},
-           "load_average_start": [0.1, 0.1, 0.1], "load_average_end": [0.2, 0.1, 0.1], "other_cores": 0.01,
-           "rows": rows}
+    rec = _record(rows, name=result.name)  # the page tests' record, this benchmark's rows
     with open(running.record_path(work, result.name), "w", encoding="utf-8") as f:
         json.dump(rec, f)
     text = open(page.write(work, out, False, [result], {result.name: "x"}, []), encoding="utf-8").read()
