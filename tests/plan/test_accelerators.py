@@ -62,18 +62,24 @@ def test_the_code_all_reduces_2c_plus_1_floats_over_the_group():
         whole, grouped = SyncBatchNorm(), SyncBatchNorm(group_size=2)
         for layer in (whole, grouped):
             layer.build((None, 3, 3, 5))  # not in the function: it would be traced twice, to make variables
-    seen, reduce = [], collectives.all_reduce
+    seen, statistics, reduce = [], [], collectives.all_reduce
 
     def recording(x, op="sum", group_size=None):
-        seen.append((tuple(x.shape.as_list()), group_size))
+        if isinstance(x, list):  # Replicator.run's one all-reduce of the statistics' change
+            statistics.append(([tuple(t.shape.as_list()) for t in x], op, group_size))
+        else:
+            seen.append((tuple(x.shape.as_list()), group_size))
         return reduce(x, op, group_size=group_size)
     with mock.patch.object(collectives, "all_reduce", recording):
         rep.local_results(tf.function(lambda: rep.run(
             lambda: (whole(tf.ones([4, 3, 3, 5]), training=True), grouped(tf.ones([4, 3, 3, 5]), training=True))))())
     # forward, per replica: whole (11,) once and its far branch (5,); grouped: the group's
-    # (11,) and far (5,) (its moving statistics are averaged by the strategy, not here)
+    # (11,) and far (5,); the grouped layer's moving statistics are averaged over all
+    # replicas by Replicator.run's one all-reduce at the end of the step (the whole
+    # batch's are the same on every replica and left out)
     assert set(seen) == {((5,), None), ((5,), 2), ((11,), None), ((11,), 2)}
     assert seen.count(((11,), None)) == 4 and seen.count(((11,), 2)) == 4 and seen.count(((5,), None)) == 4
+    assert statistics == [([(5,), (5,)], "mean", None)] * 4
 
 
 def test_resnet50_sync_batch_norm_sends_213_kb_per_replica_per_pass_whatever_the_count():
