@@ -2,6 +2,7 @@
 
 import gin
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -14,6 +15,14 @@ REPLICATOR_SETTINGS = (("cpu_1", "cpu", 1), ("cpu_2", "cpu", 2), ("cpu_4", "cpu"
 def named_replicators(min_replicas: int = 1):
     """Parameters for `parameterized.named_parameters`: (name, target, num_replicas)."""
     return [s for s in REPLICATOR_SETTINGS if s[2] >= min_replicas]
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    """Clears gin before and after each test of a pytest module that imports it."""
+    gin.clear_config()
+    yield
+    gin.clear_config()
 
 
 class TestCase(tf.test.TestCase, parameterized.TestCase):

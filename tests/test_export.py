@@ -11,7 +11,6 @@ import os
 import re
 import sys
 
-import gin
 import keras
 import numpy as np
 import pytest
@@ -33,16 +32,10 @@ from expframe.tasks.d4pg import D4PGTask
 from expframe.tasks.mesh_classification import MeshClassificationTask
 from tests import main_runner as mr
 from tests.export_serving import assert_served, classifier_outputs
+from tests.support import clean_gin  # noqa: F401  (autouse: gin cleared around each test)
 from tests.tasks import test_gan
 
 RNG = np.random.default_rng(0)
-
-
-@pytest.fixture(autouse=True)
-def _clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
 
 
 # -- the contract ---------------------------------------------------------------------------

@@ -4,19 +4,12 @@ follows the dataset's gin bindings of the moment and is what its eval pipeline c
 
 import gin
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from expframe.data import imagenet, inputs, raw_images
+from tests.support import clean_gin  # noqa: F401  (autouse: gin cleared around each test)
 
 RNG = np.random.default_rng(0)
-
-
-@pytest.fixture(autouse=True)
-def _clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
 
 
 def _pixels(height, width):
