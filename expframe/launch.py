@@ -68,9 +68,17 @@ real cluster, with no launcher watching) is the coordination service's heartbeat
 `expframe.replicator.cluster.configure_fault_detection()` sets its timeout from `EXPFRAME_HEARTBEAT_TIMEOUT_S`,
 which this launcher exports (`--heartbeat_timeout_s`).
 
+`--data_service_workers=K`: K more processes, each one shard of a tf.data service (a
+dispatcher and its one worker, `[data service k]`), started before the cluster and kept
+over its restarts; the programs get their addresses in `$EXPFRAME_DATA_SERVICE`, and
+their train input is prepared there, in its own order (`Trainer.data_service`,
+expframe/replicator/data_service.py). A shard that ends while the cluster runs ends the
+run (exit 1, one line naming it); signals reach the shards like every other process.
+
 `--emit=slurm` prints a Slurm batch script for the same run instead (one task per
 worker, `--requeue`, `--signal=B:TERM@<grace>`; with `--evaluator`, one task more and
-the evaluator as a job step of its own; see expframe/slurm_requeue.py).
+the evaluator as a job step of its own; with `--data_service_workers=K`, K tasks more
+and the shards as a job step of their own; see expframe/slurm_requeue.py).
 """
 
 import argparse
@@ -96,6 +104,7 @@ HEARTBEAT_ENV = "EXPFRAME_HEARTBEAT_TIMEOUT_S"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 SLOT_ENV = "EXPFRAME_LAUNCH_SLOT"
 RESTARTS_ENV = "EXPFRAME_LAUNCH_RESTARTS"
+DATA_SERVICE_ENV = "EXPFRAME_DATA_SERVICE"  # expframe/replicator/data_service.py's SERVICE_ENV
 _PROG = "expframe.launch"
 EVALUATOR = "evaluator"           # TensorFlow's task type of a sidecar evaluator (--evaluator)
 EVALUATOR_MODE = "continuous_eval"
@@ -344,6 +353,48 @@ class _Evaluator:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+class _DataService:
+    """The tf.data service's shards (`--data_service_workers`), one process each, started
+    before the first cluster and kept over restarts."""
+
+    READY_TIMEOUT_S = 120.0
+
+    def __init__(self, owner: processes.Owner, count: int, host: str, base_env: dict):
+        self.owner = owner
+        self.tmpdir = tempfile.mkdtemp(prefix="expframe_data_service_")
+        self.files = [os.path.join(self.tmpdir, f"shard_{k}") for k in range(count)]
+        self.procs = [
+            _Process(owner, "data service", k, -1,
+                     [sys.executable, "-m", "expframe.launch", "--serve_data_shard", f"--shard_host={host}",
+                      f"--address_file={path}"], dict(base_env), is_server=True)
+            for k, path in enumerate(self.files)]
+        self.reported = False
+
+    def wait_ready(self, received: List[int]) -> Optional[str]:
+        """The shards' addresses, host:port,... once all of them serve; None if one ended,
+        `READY_TIMEOUT_S` passed or a signal came (`failure()` says which)."""
+        deadline = time.monotonic() + self.READY_TIMEOUT_S
+        while not received and time.monotonic() < deadline and self.failure() is None:
+            if all(os.path.exists(f) for f in self.files):
+                return ",".join(open(f, encoding="utf-8").read().strip() for f in self.files)
+            time.sleep(0.05)
+        return None
+
+    def failure(self) -> Optional[str]:
+        """A line naming the first shard that ended, or None while all run."""
+        for p in self.procs:
+            code = p.poll()
+            if code is not None:
+                return f"{p.name} (pid {p.pid}) {processes.describe_status(code)}"
+        return None
+
+    def stop(self, signum: Optional[int], grace_s: float) -> None:
+        self.owner.stop([p.child for p in self.procs if p.child in self.owner.children], signum, grace_s)
+
+    def remove_tmpdir(self) -> None:
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
 class _Restart:
     """A restart, whose line waits for where the restarted cluster resumed."""
 
@@ -368,14 +419,15 @@ class _Restart:
 def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0.0.1",
            heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, grace_s: float = 3.0,
            max_restarts: int = 0, min_workers: Optional[int] = None, evaluator: bool = False,
-           evaluator_wait_s: float = DEFAULT_EVALUATOR_WAIT_S) -> int:
+           evaluator_wait_s: float = DEFAULT_EVALUATOR_WAIT_S, data_service_workers: int = 0) -> int:
     """Runs the cluster until it finishes, fails with a configuration error (2), fails
     once more than `max_restarts` allows (1), or is signalled (128 + signal).
 
     With `evaluator`, one more process runs the command with `--mode=continuous_eval`
     (task `evaluator`, `evaluator_config`) beside the cluster, over its restarts; a
     finished cluster waits up to `evaluator_wait_s` for it. Its own exit status is
-    said in one line, never the launcher's."""
+    said in one line, never the launcher's. With `data_service_workers` K, K tf.data service
+    shards run beside it (`_DataService`) and the programs read their train input there."""
     min_workers = workers if min_workers is None else min_workers
     program = program_command(command)
     base_env = dict(os.environ, PYTHONUNBUFFERED="1", **{HEARTBEAT_ENV: str(heartbeat_timeout_s)})
@@ -398,13 +450,27 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
     def stopped_by_signal() -> int:
         if sidecar:
             sidecar.stop(None, max(grace_s, 10.0))  # the signal was forwarded to it too
+        if service:
+            service.stop(None, grace_s)
         _say(f"received {signal.Signals(received[0]).name}; stopped all processes")
         return 128 + received[0]
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     slots, restarts, restart, last_failed_slot, attempt = list(range(workers)), 0, None, None, None
     sidecar: Optional[_Evaluator] = None
+    service: Optional[_DataService] = None
     try:
+        if data_service_workers:
+            service = _DataService(owner, data_service_workers, host, base_env)
+            addresses = service.wait_ready(received)
+            if received:
+                return stopped_by_signal()
+            if addresses is None:
+                why = service.failure() or f"did not serve within {_DataService.READY_TIMEOUT_S:g} s"
+                _say(f"the tf.data service did not start: {why}; nothing else was started")
+                return 1
+            base_env[DATA_SERVICE_ENV] = addresses
+            _say(f"tf.data service: {data_service_workers} shard(s) at {addresses}")
         while True:
             if received:  # a signal while the failed cluster was stopped: no restart.
                 return stopped_by_signal()
@@ -415,6 +481,14 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
             while outcome is None:
                 if sidecar:
                     sidecar.check()
+                if service and service.failure():
+                    attempt.stop(signal.SIGTERM, grace_s)
+                    attempt.print_held()
+                    if sidecar:
+                        sidecar.stop(signal.SIGTERM, grace_s)
+                    _say(f"{service.failure()} while the cluster ran; stopped the others (a shard's worker is its "
+                         "only one: the run cannot go on without it; the same command resumes)")
+                    return 1
                 if received:
                     forward(received[0])  # processes started after the signal came
                     attempt.stop(None, grace_s=max(grace_s, 10.0))
@@ -437,6 +511,8 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
                     _say(restart.line(attempt, "finished"))
                 if sidecar:
                     sidecar.finish(received, evaluator_wait_s, grace_s)
+                if service:
+                    service.stop(signal.SIGTERM, grace_s)
                 return 0
             # A stopped (SIGSTOPped) process is what failed: the others noticed its missing heartbeats.
             hung = [q for q in attempt.procs if q is not p and q.poll() is None and q.is_stopped()]
@@ -475,6 +551,8 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
             attempt.remove_tmpdir()
         if sidecar:
             sidecar.remove_tmpdir()
+        if service:
+            service.remove_tmpdir()
 
 
 # -- server mode (ps-mode workers and parameter servers) ---------------------------------
@@ -517,6 +595,9 @@ def _parse(argv: Sequence[str]):
     parser.add_argument("--evaluator_wait_s", type=float, default=DEFAULT_EVALUATOR_WAIT_S,
                         help="once the training finished, how long to wait for the evaluator to evaluate the "
                              f"final checkpoint before stopping it (SIGTERM; default {DEFAULT_EVALUATOR_WAIT_S:g})")
+    parser.add_argument("--data_service_workers", type=int, default=0, metavar="K",
+                        help="K tf.data service shards (a dispatcher and a worker each) beside the cluster, which "
+                             "prepare the programs' train input in its own order (default 0: none)")
     parser.add_argument("--emit", choices=("slurm",),
                         help="print a Slurm batch script for this run (one task per worker) instead of running it")
     parser.add_argument("--slurm_option", action="append", default=[], metavar="OPT",
@@ -525,8 +606,11 @@ def _parse(argv: Sequence[str]):
                         help="--emit=slurm: seconds before the time limit when Slurm warns the run with "
                              "SIGTERM (it checkpoints, exits and is requeued; default 120)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve_data_shard", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--shard_host", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--address_file", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if not args.serve:
+    if not (args.serve or args.serve_data_shard):
         if not command:
             parser.error("no program given: put it after `--`, e.g. `-- main.py --gin_file=F`")
         if args.workers < 1 or args.ps < 0:
@@ -542,6 +626,11 @@ def _parse(argv: Sequence[str]):
             parser.error(f"--evaluator_wait_s={args.evaluator_wait_s:g} must be > 0")
         if args.emit and args.ps:
             parser.error("--emit=slurm runs multi_worker tasks (one per worker); --ps must be 0")
+        if args.data_service_workers < 0:
+            parser.error(f"--data_service_workers={args.data_service_workers} must be >= 0")
+        if args.data_service_workers and args.ps:
+            parser.error("--data_service_workers serves synchronous training (multi_worker, or one process); "
+                         "the parameter_server target's per-worker input cannot be served in order: --ps must be 0")
     return args, command
 
 
@@ -551,16 +640,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from expframe.replicator.cluster import serve  # pylint: disable=import-outside-toplevel
         serve()
         return 0
+    if args.serve_data_shard:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a signal ends a shard at once: it holds no state
+        from expframe.replicator import data_service  # pylint: disable=import-outside-toplevel
+        data_service.serve_shard(0, args.shard_host or socket.gethostname(), args.address_file)
+        return 0
     if args.emit == "slurm":
         from expframe import slurm_requeue  # pylint: disable=import-outside-toplevel
         grace = slurm_requeue.DEFAULT_GRACE_S if args.signal_grace_s is None else args.signal_grace_s
         sidecar = evaluator_command(command) if args.evaluator else None
         print(slurm_requeue.single_run_script(command, args.workers, args.slurm_option, grace,
-                                              evaluator_command=sidecar, evaluator_wait_s=args.evaluator_wait_s),
+                                              evaluator_command=sidecar, evaluator_wait_s=args.evaluator_wait_s,
+                                              data_service_workers=args.data_service_workers),
               end="")
         return 0
     return launch(command, args.workers, args.ps, args.host, args.heartbeat_timeout_s, args.grace_s,
-                  args.max_restarts, args.min_workers, args.evaluator, args.evaluator_wait_s)
+                  args.max_restarts, args.min_workers, args.evaluator, args.evaluator_wait_s,
+                  args.data_service_workers)
 
 
 if __name__ == "__main__":

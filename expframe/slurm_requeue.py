@@ -18,7 +18,11 @@ The recipe (the same in `python -m expframe.sweep --emit=slurm`'s array jobs):
 
 With `python -m expframe.launch --emit=slurm --evaluator`, a sidecar evaluator
 (`--mode=continuous_eval`) runs as a job step of its own beside the training's: warned
-too, waited for once the training finished, never the job's exit status.
+too, waited for once the training finished, never the job's exit status. With
+`--data_service_workers=K`, K tf.data service shards run as a job step of their own,
+started first: each writes its host:port into a directory beside the job's submission
+directory, the training step gets them in `$EXPFRAME_DATA_SERVICE`, and they are stopped
+when the script exits (a requeued job starts new ones: they hold no state).
 
 The requeued job runs the same script from the top, and main.py resumes from the
 checkpoint (step, weights, optimizer, data position); a run that finished does
@@ -114,6 +118,33 @@ def run_and_requeue(run: str, evaluator: Optional[str] = None,
     ]
 
 
+def data_service_lines(shards: int, ready_timeout_s: int = 300) -> List[str]:
+    """Bash lines that start `shards` tf.data service shards as a job step of their own
+    (one task each, `python -m expframe.launch --serve_data_shard`), wait until every one
+    wrote its host:port, export them in $EXPFRAME_DATA_SERVICE, and stop them when the
+    script exits."""
+    return [
+        f"# The tf.data service: {shards} shard(s), a dispatcher and its one worker each, a job step of their own;",
+        "# the training's train input is prepared there (expframe/replicator/data_service.py).",
+        'SERVICE_DIR="$(mktemp -d "${SLURM_SUBMIT_DIR:-$PWD}/.expframe_data_service.XXXXXX")"',
+        f"srun --ntasks={shards} --exact bash -c "
+        "'exec \"$0\" -m expframe.launch --serve_data_shard --address_file=\"$1/shard_$SLURM_PROCID\"' "
+        '"$PYTHON" "$SERVICE_DIR" &',
+        "service_pid=$!",
+        "trap 'kill -TERM \"$service_pid\" 2>/dev/null; rm -rf \"$SERVICE_DIR\"' EXIT",
+        "waited=0",
+        f'while [ "$(ls "$SERVICE_DIR" | grep -c \'^shard_[0-9]*$\')" -lt {shards} ]; do',
+        f'  if ! kill -0 "$service_pid" 2>/dev/null || [ "$waited" -ge {ready_timeout_s} ]; then',
+        f'    echo "expframe: the tf.data service did not start ({shards} shard(s), {ready_timeout_s} s); '
+        'nothing else was started" >&2; exit 1',
+        "  fi",
+        "  sleep 1; waited=$((waited + 1))",
+        "done",
+        'export EXPFRAME_DATA_SERVICE="$(cat "$SERVICE_DIR"/shard_* | paste -sd, -)"',
+        'echo "expframe: tf.data service at $EXPFRAME_DATA_SERVICE"',
+    ]
+
+
 def _job_name(command: Sequence[str]) -> str:
     for arg in command:
         if arg.startswith("--gin_file="):
@@ -123,7 +154,7 @@ def _job_name(command: Sequence[str]) -> str:
 
 def single_run_script(command: Sequence[str], tasks: int, options: Sequence[str] = (),
                       grace_s: int = DEFAULT_GRACE_S, evaluator_command: Optional[Sequence[str]] = None,
-                      evaluator_wait_s: float = DEFAULT_EVALUATOR_WAIT_S) -> str:
+                      evaluator_wait_s: float = DEFAULT_EVALUATOR_WAIT_S, data_service_workers: int = 0) -> str:
     """A batch script that runs `command` as one Slurm job step of `tasks` tasks.
 
     With `evaluator_command` (the command with `--mode=continuous_eval`, from
@@ -141,6 +172,8 @@ def single_run_script(command: Sequence[str], tasks: int, options: Sequence[str]
       grace_s: seconds before the time limit when Slurm warns the run.
       evaluator_command: the sidecar evaluator's command, or None for none.
       evaluator_wait_s: how long a finished training waits for the evaluator.
+      data_service_workers: tf.data service shards, K tasks more, as a job step started
+        first (`data_service_lines`).
 
     Returns:
       The script's text, for `sbatch`.
@@ -156,7 +189,7 @@ def single_run_script(command: Sequence[str], tasks: int, options: Sequence[str]
         f"# {grace_s} s before the time limit the run checkpoints "
         "and exits, and the job is requeued; the requeued job resumes from that checkpoint.",
         f"#SBATCH --job-name={_job_name(command)}",
-        f"#SBATCH --ntasks={tasks + (evaluator_command is not None)}",
+        f"#SBATCH --ntasks={tasks + (evaluator_command is not None) + data_service_workers}",
     ]
     lines += sbatch_lines(grace_s)
     lines += [f"#SBATCH {option}" for option in options]
@@ -170,8 +203,11 @@ def single_run_script(command: Sequence[str], tasks: int, options: Sequence[str]
     lines.append('echo "expframe: Slurm job ${SLURM_JOB_ID:-?}, requeued ${SLURM_RESTART_COUNT:-0} time(s): '
                  '${ARGS[*]}"')
     program = '"$PYTHON" "${ARGS[@]}"' if python else '"${ARGS[@]}"'
+    if data_service_workers:
+        lines += data_service_lines(data_service_workers)
     if evaluator_command is None:
-        return "\n".join(lines + run_and_requeue("srun --kill-on-bad-exit=1 " + program)) + "\n"
+        exact = f"--ntasks={tasks} --exact " if data_service_workers else ""
+        return "\n".join(lines + run_and_requeue(f"srun {exact}--kill-on-bad-exit=1 " + program)) + "\n"
     run = f"srun --ntasks={tasks} --exact --kill-on-bad-exit=1 {program}"
     sidecar = (f"TF_CONFIG={shlex.quote(EVALUATOR_TF_CONFIG)} srun --ntasks=1 --nodes=1 --exact "
                + ('"$PYTHON" "${EVAL_ARGS[@]}"' if evaluator_command[0].endswith(".py") else '"${EVAL_ARGS[@]}"'))

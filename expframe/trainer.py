@@ -22,7 +22,7 @@ from expframe.chrono import Chrono
 from expframe.data_position import DataPosition
 from expframe.errors import ConfigError, RunError
 from expframe.evaluator import Evaluator
-from expframe.replicator import ReplicatedOptimizer
+from expframe.replicator import ReplicatedOptimizer, data_service
 from expframe.tasks.base import StopRequested, Task, check_step_output, contract_error
 
 _positive_int = epochs.positive_int
@@ -88,6 +88,11 @@ class Trainer:
         split's size (`Task.train_examples`). May be fractional.
       eval_every_epochs, checkpoint_every_epochs: those cadences in epochs (instead of
         `eval_every_steps`, `checkpoint_every_steps`).
+      data_service: where the train input is prepared: None (the default) in this
+        process, or by the tf.data service that `expframe.launch --data_service_workers`
+        started; 'local:K' starts K shards in this process; 'host:port,...' names
+        shards started elsewhere; 'off' ignores the launcher's. The steps read the
+        same stream either way (expframe/replicator/data_service.py, docs/running.md).
 
     `prepare` resolves the bindings in epochs to steps: `resolved_steps` holds them under
     the *_steps names ({"Trainer.train_steps": 640}), which the run records in
@@ -100,7 +105,9 @@ class Trainer:
                  checkpoint_every_steps: Optional[int] = None, max_checkpoints: int = 3,
                  best_checkpoint: Optional[Tuple[str, str]] = None,
                  profile_steps: Optional[Tuple[int, int]] = None, train_epochs: Optional[float] = None,
-                 eval_every_epochs: Optional[float] = None, checkpoint_every_epochs: Optional[float] = None):
+                 eval_every_epochs: Optional[float] = None, checkpoint_every_epochs: Optional[float] = None,
+                 data_service: Optional[str] = None):
+        self.data_service = data_service
         epochs.check_bindings({"train": train_steps, "eval_every": eval_every_steps,
                                "checkpoint_every": checkpoint_every_steps},
                               {"train": train_epochs, "eval_every": eval_every_epochs,
@@ -141,11 +148,17 @@ class Trainer:
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self.accumulate_steps = accumulate_steps_of(task)
         self._resolve_epochs(task)
+        service = data_service.resolve(self.data_service)
         if replicator.coordinator is not None:
+            if service is not None:
+                raise ConfigError("Trainer.data_service: the parameter_server target's per-worker pipelines cannot "
+                                  "be served in order; unset it (or use the multi_worker target).")
             # parameter_server: per-worker pipelines, whose position cannot be checkpointed.
             self.train_iterator, position = replicator.per_worker_iterator(task.train_input_fn), None
         else:
-            self.train_iterator = iter(replicator.distribute(task.train_input_fn, self.global_batch_size))
+            self.train_iterator = iter(replicator.distribute(task.train_input_fn, self.global_batch_size, service))
+            if service is not None:
+                print(f"expframe: {service.describe()}", flush=True)
             position = self.train_iterator if task.checkpoint_input else None
         self.checkpointer = Checkpointer(replicator, self.step, task.trackables(),
                                          DataPosition(replicator, position, self.max_checkpoints),

@@ -223,6 +223,7 @@ def _disk_train(builder: tfds.core.DatasetBuilder, split: str, ctx: tf.distribut
     """(position, example) of the prepared split, read in the seekable order of records.py."""
     stream = records.stream_records(records.tfds_files(builder, split), start, ctx.input_pipeline_id,
                                     ctx.num_input_pipelines, seed, num_streams, block_size)
+    stream = order.in_step_shard(ctx, start, stream)  # tf.data service: this shard's steps, still unparsed
     features = builder.info.features
     decoders = {"image": tfds.decode.SkipDecoding()}
 

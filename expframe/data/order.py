@@ -11,6 +11,13 @@ number of workers and replicas, and a run resumes by rebuilding its pipelines at
 the examples consumed (`ctx.start_example`, see expframe/replicator/inputs.py),
 reading nothing twice and decoding nothing it skips.
 
+Served by the tf.data service (expframe/replicator/data_service.py), a pipeline is
+split further, by whole steps: `ctx.step_shard` = (k, K, L) asks for the steps k, k + K,
+k + 2K, ... of its stream (L examples per step), which shard k of the service prepares;
+the trainer takes one step from each shard in turn, so the stream it reads is the
+same as without the service. `positions` does it by index; `in_step_shard` filters a
+stream of (position, ...) pairs before anything is decoded.
+
 In-memory datasets (`shapes`, ImageNet mock data) map position p to example
 `permutation_e(p mod N)` of epoch e = p div N: a stateless pseudo-random permutation
 of the split per epoch (`tf.random.experimental.index_shuffle`), so every example
@@ -37,10 +44,38 @@ def resolve_seed(seed: Optional[int]) -> int:
     return random.SystemRandom().randrange(2**31) if seed is None else int(seed)
 
 
+def _step_shard(ctx):
+    """(k, K, L) if the pipeline is shard k of K of a tf.data service, else None."""
+    shard = getattr(ctx, "step_shard", None) if ctx is not None else None
+    if shard is not None:
+        ctx.step_shard_read = True  # the input_fn honoured it (checked by DistributedInput)
+    return shard
+
+
 def positions(ctx: Optional[tf.distribute.InputContext], start: int) -> tf.data.Dataset:
-    """int64 global positions of this pipeline: start + w, start + w + W, ... forever."""
+    """int64 global positions of this pipeline: start + w, start + w + W, ... forever
+    (only its step shard's, when `ctx.step_shard` is set: see the module docstring)."""
     w, num = (ctx.input_pipeline_id, ctx.num_input_pipelines) if ctx is not None else (0, 1)
-    return tf.data.Dataset.counter(start + w, num, dtype=tf.int64)
+    shard = _step_shard(ctx)
+    if shard is None:
+        return tf.data.Dataset.counter(start + w, num, dtype=tf.int64)
+    k, shards, per_step = (int(v) for v in shard)
+    # The j-th position of shard k: step j // L of the shard is the pipeline's step
+    # (j // L) * K + k, and within it example j % L.
+    return tf.data.Dataset.counter(0, dtype=tf.int64).map(
+        lambda j: start + w + ((j // per_step * shards + k) * per_step + j % per_step) * num)
+
+
+def in_step_shard(ctx: Optional[tf.distribute.InputContext], start: int, stream: tf.data.Dataset) -> tf.data.Dataset:
+    """`stream` (elements whose first component is the global position, as `positions`
+    gives them from `start`) without the steps of other shards, when `ctx.step_shard`
+    is set; else `stream` itself. Filtered before anything is parsed or decoded."""
+    shard = _step_shard(ctx)
+    if shard is None:
+        return stream
+    w, num = ctx.input_pipeline_id, ctx.num_input_pipelines
+    k, shards, per_step = (int(v) for v in shard)
+    return stream.filter(lambda position, *_: ((position - start - w) // num // per_step) % shards == k)
 
 
 def shuffled_index(position: tf.Tensor, num_examples: int, seed: int) -> tf.Tensor:

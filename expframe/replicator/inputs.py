@@ -36,14 +36,20 @@ class InputContext(tf.distribute.InputContext):
       start_example: global examples the run has consumed (over all replicas and
         workers, since step 0): an index-based input_fn starts its stream there.
       global_batch_size: the value passed to `get_per_replica_batch_size`, if called.
+      step_shard: (k, K, L) when shard k of K of a tf.data service prepares this
+        pipeline: only the steps k, k + K, ... of its stream, L examples per step
+        (expframe.data.order.positions honours it); else None.
     """
 
     def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0,
-                 num_replicas_in_sync: int = 1, start_example: int = 0):
+                 num_replicas_in_sync: int = 1, start_example: int = 0,
+                 step_shard: Optional[Tuple[int, int, int]] = None):
         super().__init__(num_input_pipelines, input_pipeline_id, num_replicas_in_sync)
         self._start_example = int(start_example)
         self.start_read = False
         self.global_batch_size = None
+        self.step_shard = step_shard
+        self.step_shard_read = False
 
     @property
     def start_example(self) -> int:
@@ -88,29 +94,53 @@ class DistributedInput:
 
     def __init__(self, strategy: tf.distribute.Strategy,
                  input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
-                 num_workers: int, worker_index: int):
+                 num_workers: int, worker_index: int, service=None):
         self._strategy = strategy
         self._input_fn = input_fn
         self._num_workers = num_workers
         self._worker_index = worker_index
         self._local = strategy.num_replicas_in_sync // num_workers
+        self._service = None
         self.dataset, ctx = self._build(0)
         self.element_spec = self.dataset.element_spec
         self.examples_per_batch = self._global_batch(ctx)
         #: Whether input_fn starts where it is told (index-based resume).
         self.index_based = ctx.start_read and self.examples_per_batch is not None
+        if service is not None:
+            service.check_input(self.index_based, self.index_based and self._served_ok())
+            self._service = service
+            self.dataset = self._build(0)[0]
+
+    def _stacked(self, ctx: InputContext) -> tf.data.Dataset:
+        dataset = self._input_fn(ctx)
+        if not isinstance(dataset, tf.data.Dataset):
+            raise TypeError(f"input_fn must return a tf.data.Dataset, got {type(dataset).__name__}.")
+        self._per_input_spec = dataset.element_spec
+        if self._local > 1:
+            dataset = dataset.batch(self._local, drop_remainder=True)
+        return dataset
+
+    def _context(self, start_example: int, step_shard=None) -> InputContext:
+        return InputContext(self._num_workers, self._worker_index, self._strategy.num_replicas_in_sync,
+                            start_example, step_shard)
+
+    def _served_ok(self) -> bool:
+        """Whether input_fn honours `ctx.step_shard` (builds, never runs, one shard)."""
+        ctx = self._context(0, (0, 2, self.examples_per_batch // self._num_workers))
+        with tf.device("/cpu:0"):
+            self._stacked(ctx)
+        return ctx.step_shard_read
 
     def _build(self, start_example: int) -> Tuple[tf.data.Dataset, InputContext]:
-        ctx = InputContext(self._num_workers, self._worker_index, self._strategy.num_replicas_in_sync,
-                           start_example)
         with tf.device("/cpu:0"):
-            dataset = self._input_fn(ctx)
-            if not isinstance(dataset, tf.data.Dataset):
-                raise TypeError(f"input_fn must return a tf.data.Dataset, got {type(dataset).__name__}.")
-            self._per_input_spec = dataset.element_spec
-            if self._local > 1:
-                dataset = dataset.batch(self._local, drop_remainder=True)
-            return dataset.prefetch(tf.data.AUTOTUNE), ctx
+            if self._service is None:
+                ctx = self._context(start_example)
+                return self._stacked(ctx).prefetch(tf.data.AUTOTUNE), ctx
+            per_step = self.examples_per_batch // self._num_workers
+            contexts = [self._context(start_example, (k, self._service.shards, per_step))
+                        for k in range(self._service.shards)]
+            dataset = self._service.serve([self._stacked(ctx) for ctx in contexts])
+            return dataset.prefetch(tf.data.AUTOTUNE), contexts[0]
 
     def _global_batch(self, ctx: InputContext) -> Optional[int]:
         """Examples in one global batch: from the global batch size input_fn asked the

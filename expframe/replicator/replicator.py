@@ -187,12 +187,13 @@ class Replicator:
         return global_batch_size // self.num_replicas
 
     def distribute(self, input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
-                   global_batch_size: Optional[int] = None) -> DistributedInput:
+                   global_batch_size: Optional[int] = None, service=None) -> DistributedInput:
         """Per-replica batches from `input_fn(ctx)` (ctx: `tf.distribute.InputContext`).
 
         `input_fn` builds this worker's pipeline and batches with
         `ctx.get_per_replica_batch_size(global_batch_size)`. Iterating the result gives
-        a checkpointable iterator whose `next()` yields per-replica values.
+        a checkpointable iterator whose `next()` yields per-replica values. `service`:
+        a `data_service.DataService` whose shards prepare the input (in its own order).
         """
         if global_batch_size is not None:
             self.check_global_batch(global_batch_size)
@@ -201,8 +202,11 @@ class Replicator:
                 "Replicator.distribute is for synchronous targets; with 'parameter_server' "
                 "use Replicator.per_worker_iterator(input_fn).")
         if self.mesh_target is not None:
+            if service is not None:
+                raise ConfigError("Trainer.data_service is for the 'cpu', 'gpu', 'tpu' and 'multi_worker' targets, "
+                                  "not 'mesh'; unset it.")
             return self.mesh_target.distribute(input_fn, self.num_workers, self.worker_index)
-        return DistributedInput(self.strategy, input_fn, self.num_workers, self.worker_index)
+        return DistributedInput(self.strategy, input_fn, self.num_workers, self.worker_index, service)
 
     def next_from(self, iterator) -> Any:
         """The next per-replica batch from `DistributedInput.plain_iterator()`; use inside
