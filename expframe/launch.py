@@ -481,7 +481,7 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
             while outcome is None:
                 if sidecar:
                     sidecar.check()
-                if service and service.failure():
+                if service and service.failure() and not received:
                     attempt.stop(signal.SIGTERM, grace_s)
                     attempt.print_held()
                     if sidecar:
@@ -642,7 +642,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.serve_data_shard:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a signal ends a shard at once: it holds no state
-        from expframe.replicator import data_service  # pylint: disable=import-outside-toplevel
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # not the servers' configs, line by line
+        from expframe import tf_noise  # pylint: disable=import-outside-toplevel
+        with tf_noise.quiet_start():
+            from expframe.replicator import data_service  # pylint: disable=import-outside-toplevel
         data_service.serve_shard(0, args.shard_host or socket.gethostname(), args.address_file)
         return 0
     if args.emit == "slurm":

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -135,3 +136,43 @@ def test_single_run_script_checkpoints_on_the_warning_and_the_requeued_job_resum
     assert [r["step"] for r in mr.metrics(model_dir, "train")] == list(range(1, 31))
     assert mr.latest_step(model_dir) == 30 and (model_dir / "result.json").exists()
     assert _scontrol(tmp_path) == ["requeue 1001"]  # not requeued again: it finished
+
+
+def test_single_run_script_starts_the_data_service_as_its_own_step_and_stops_it(tmp_path):
+    # The training step here is a stand-in that prints the shards it was given: the
+    # service's own step is real (2 shard processes, a dispatcher and a worker each).
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nprint('shards:', os.environ['EXPFRAME_DATA_SERVICE'])\n")
+    emitted = subprocess.run(
+        [sys.executable, "-m", "expframe.launch", "--emit=slurm", "--workers=1", "--data_service_workers=2", "--",
+         str(probe)], cwd=mr.ROOT, capture_output=True, text=True, timeout=60)
+    assert emitted.returncode == 0, emitted.stderr
+    assert "#SBATCH --ntasks=3" in emitted.stdout
+    assert "srun --ntasks=1 --exact --kill-on-bad-exit=1" in emitted.stdout
+    script = tmp_path / "run.sbatch"
+    script.write_text(emitted.stdout)
+    done = subprocess.run(["bash", str(script)], env=_slurm_env(tmp_path, SLURM_SUBMIT_DIR=str(tmp_path)),
+                          cwd=mr.ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    shards = done.stdout.split("shards: ")[1].split()[0].split(",")
+    assert len(shards) == 2 and all(s.rsplit(":", 1)[1].isdigit() for s in shards), done.stdout
+    assert f"expframe: tf.data service at {','.join(shards)}" in done.stdout
+    assert not list(tmp_path.glob(".expframe_data_service.*"))  # removed on exit
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _shard_pids(tmp_path):
+        time.sleep(0.1)
+    assert not _shard_pids(tmp_path)
+
+
+def _shard_pids(folder) -> list:
+    """Shard processes whose address file lies under `folder`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if "--serve_data_shard" in cmdline and str(folder) in cmdline:
+            pids.append(int(entry))
+    return pids

@@ -1,8 +1,8 @@
 """The stop contract, as a matrix (docs/stopping.md): every kind of run, every way to stop it.
 
 Rows: the quickstart, pixel D4PG in-process, pixel D4PG with 1 actor process, 2 launcher
-workers, a 2-run study, and a continuous evaluator beside a trainer, each shrunk to
-seconds. Columns: SIGINT to the process group (a terminal's Ctrl-C, GNU `timeout`,
+workers, 2 launcher workers reading from 2 tf.data service shards, a 2-run study, and a
+continuous evaluator beside a trainer, each shrunk to seconds. Columns: SIGINT to the process group (a terminal's Ctrl-C, GNU `timeout`,
 `kill -- -PGID`), SIGTERM to the main pid, SIGKILL to the main pid. Each cell asserts:
 
 * the exit code (main.py 0 after its checkpoint; the launcher 128 + signal; the study 1,
@@ -306,6 +306,8 @@ def test_pixel_d4pg_with_an_actor_process(tmp_path):
     _once_each(model_dir, 12)
 
 
+@pytest.mark.slow  # the default suite's time limit: the row below runs the same launcher and
+# workers, with the tf.data service's shards beside them.
 @pytest.mark.timeout(900)
 def test_two_launcher_workers(data_dir, tmp_path):
     model_dir = tmp_path / "run"
@@ -316,6 +318,28 @@ def test_two_launcher_workers(data_dir, tmp_path):
                       (128 + signal.SIGINT, 128 + signal.SIGTERM))
     assert "StartAbort" not in out
     _once_each(model_dir, 12)
+
+
+@pytest.mark.timeout(900)
+def test_two_launcher_workers_with_a_data_service(data_dir, tmp_path):
+    """No shard outlives a cell, and the resumed runs read the uninterrupted stream: their
+    losses equal one process's on 2 replicas, without the service."""
+    model_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "expframe.launch", "--workers=2", "--data_service_workers=2", "--"]
+    argv += mr.args([QUICKSTART], model_dir, QUICK + MULTI_WORKER, ["--mode=train"])[1:]
+    reference: dict = {}
+    straight = threading.Thread(target=lambda: reference.update(done=mr.run(
+        [QUICKSTART], tmp_path / "straight", data_dir, QUICK + ("Replicator.num_replicas = 2",),
+        extra=["--mode=train"], timeout=400)))
+    straight.start()
+    out, _ = _run_row("2 launcher workers, 2 data service shards", argv, mr.env(data_dir), lambda: [model_dir],
+                      (128 + signal.SIGINT, 128 + signal.SIGTERM))
+    straight.join()
+    assert reference["done"].returncode == 0, reference["done"].stderr[-3000:]
+    assert "tf.data service: 2 shard(s) at 127.0.0.1:" in out and "prepared by the tf.data service" in out
+    _once_each(model_dir, 12)
+    np.testing.assert_allclose([r["loss"] for r in mr.metrics(model_dir, "train")],
+                               [r["loss"] for r in mr.metrics(tmp_path / "straight", "train")], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.timeout(900)
