@@ -19,6 +19,8 @@ thing from one runner towards another:
                   Keras' gradient summing) in handwritten's host call, on fit's
                   distributed dataset of (image, label) pairs.
   xf_no_loop      expframe's host call traced without its `tf.range` loop.
+  xf_fit_shape    expframe's host call in fit's shape: without the loop, and the replica
+                  step a nested tf.function inside `strategy.run`.
   xf_mean_stats   expframe as it was before issue 61: batch norm's moving statistics
                   one copy by MEAN aggregation (a cross-replica mean at every assign,
                   one per variable).
@@ -68,7 +70,7 @@ import tensorflow as tf  # noqa: E402
 import handwritten  # noqa: E402
 import resnet50_host_call  # noqa: E402
 import resnet50_throughput as rt  # noqa: E402  (splits the CPU into 2 logical devices)
-from expframe.replicator import collectives, statistics  # noqa: E402
+from expframe.replicator import collectives, statistics, xla_steps  # noqa: E402
 from expframe.replicator import optimizer as optimizer_module  # noqa: E402
 from expframe.replicator import replicator as replicator_module  # noqa: E402
 from expframe.reproduce import spread  # noqa: E402
@@ -112,6 +114,11 @@ class XfNoLoop(PatchedExpframe):
     changes = ((replicator_module, "mean_over_steps", lambda one_step, n: one_step()),)
 
 
+class XfFitShape(PatchedExpframe):
+    """expframe's host call in fit's shape: no loop, the replica step a nested tf.function."""
+    changes = XfNoLoop.changes + ((xla_steps.XlaSteps, "replica_step", lambda self, step_fn: tf.function(step_fn)),)
+
+
 def _mean_aggregated(self, next_creator, **kwargs):
     """The creator before issue 61: statistics get MEAN aggregation (averaged at every assign)."""
     if statistics._is_statistic(kwargs):  # pylint: disable=protected-access
@@ -121,7 +128,7 @@ def _mean_aggregated(self, next_creator, **kwargs):
 
 class XfMeanStatistics(PatchedExpframe):
     changes = ((statistics.Statistics, "creator", _mean_aggregated),
-               (statistics.Statistics, "step", lambda self, step_fn: step_fn))
+               (statistics.Statistics, "step", lambda self, step_fn, replicas: step_fn))
 
 
 def _minimize_dividing_after(self, loss, variables, tape=None):
@@ -142,7 +149,7 @@ class XfBefore61(PatchedExpframe):
 
 
 class XfLocalStatistics(PatchedExpframe):
-    changes = ((statistics.Statistics, "step", lambda self, step_fn: step_fn),)
+    changes = ((statistics.Statistics, "step", lambda self, step_fn, replicas: step_fn),)
 
 
 class XfUnpacked(PatchedExpframe):
@@ -208,6 +215,7 @@ class HwSecondOfTwo(SecondOfTwo):
 
 VARIANTS = {"expframe": rt.ExpframeRunner, "handwritten": rt.HandwrittenRunner, "keras_fit": rt.KerasFitRunner,
             "hw_fit_shape": HwFitShape, "keras_step": KerasStep, "xf_no_loop": XfNoLoop,
+            "xf_fit_shape": XfFitShape,
             "xf_mean_stats": XfMeanStatistics, "xf_mean_grads": XfMeanGradients, "xf_before_61": XfBefore61,
             "xf_local_stats": XfLocalStatistics, "xf_unpacked": XfUnpacked, "xf_second_of_two": XfSecondOfTwo,
             "hw_second_of_two": HwSecondOfTwo}

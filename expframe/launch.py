@@ -573,7 +573,7 @@ def _parse(argv: Sequence[str]):
     parser = _OneLineParser(
         prog=f"python -m {_PROG}",
         usage=f"python -m {_PROG} --workers=N [--ps=M] [--max_restarts=R [--min_workers=K]] [--evaluator] "
-              "[--host=127.0.0.1] -- <program> [args]",
+              "[--data_service_workers=K] [--host=127.0.0.1] -- <program> [args]",
         description="Starts a local TensorFlow cluster (TF_CONFIG per process) and runs a program on it.")
     parser.add_argument("--workers", type=int, default=1, help="worker tasks (default 1)")
     parser.add_argument("--ps", type=int, default=0,
@@ -606,9 +606,13 @@ def _parse(argv: Sequence[str]):
                         help="--emit=slurm: seconds before the time limit when Slurm warns the run with "
                              "SIGTERM (it checkpoints, exits and is requeued; default 120)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--serve_data_shard", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--shard_host", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--address_file", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--serve_data_shard", action="store_true",
+                        help="run one tf.data service shard (a dispatcher and its worker, on a free port) until "
+                             "signalled, for Trainer.data_service='host:port,...' (no program)")
+    parser.add_argument("--shard_host", default=None,
+                        help="--serve_data_shard: the host name the shard gives its clients (default this machine's)")
+    parser.add_argument("--address_file", default=None,
+                        help="--serve_data_shard: write the shard's host:port here once it serves")
     args = parser.parse_args(argv)
     if not (args.serve or args.serve_data_shard):
         if not command:

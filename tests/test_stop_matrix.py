@@ -2,8 +2,9 @@
 
 Rows: the quickstart, pixel D4PG in-process, pixel D4PG with 1 actor process, 2 launcher
 workers, 2 launcher workers reading from 2 tf.data service shards, a 2-run study, and a
-continuous evaluator beside a trainer, each shrunk to seconds. Columns: SIGINT to the process group (a terminal's Ctrl-C, GNU `timeout`,
-`kill -- -PGID`), SIGTERM to the main pid, SIGKILL to the main pid. Each cell asserts:
+continuous evaluator beside a trainer, each shrunk to seconds. Columns: SIGINT to the
+process group (a terminal's Ctrl-C, GNU `timeout`, `kill -- -PGID`), SIGTERM to the main
+pid, SIGKILL to the main pid. Each cell asserts:
 
 * the exit code (main.py 0 after its checkpoint; the launcher 128 + signal; the study 1,
   its runs not finished; -9 for SIGKILL);

@@ -55,10 +55,17 @@ _lock = threading.Lock()
 def start_shard(port: int = 0, host: str = "localhost"):
     """(dispatcher, worker) of one shard on `host`; `port` 0 picks a free one. The worker
     advertises `host` to the clients."""
-    dispatcher = _service.DispatchServer(_service.DispatcherConfig(port=port, protocol="grpc"))
+    # A job whose client went (a trainer restarted its input, or died) stops within about a
+    # second: the worker hears of it at its next heartbeat (TensorFlow's default: 30 s, in
+    # which it would go on preparing batches nobody reads), and a job whose client vanished
+    # without a word (SIGKILL) is collected 10 s after the dispatcher gives the client up
+    # (TensorFlow's client timeout, 5 min; the collection's default: 5 min more).
+    dispatcher = _service.DispatchServer(_service.DispatcherConfig(
+        port=port, protocol="grpc", job_gc_check_interval_ms=1_000, job_gc_timeout_ms=10_000))
     address = dispatcher.target.split("://", 1)[1]
     worker = _service.WorkerServer(_service.WorkerConfig(
-        dispatcher_address=address, worker_address=f"{host}:%port%", port=0, protocol="grpc"))
+        dispatcher_address=address, worker_address=f"{host}:%port%", port=0, protocol="grpc",
+        heartbeat_interval_ms=500))
     return dispatcher, worker
 
 

@@ -161,3 +161,16 @@ def imagenet_input(data: dict) -> list[dict]:
     rows += [row(f"{c['what']} (paired)", c["spread"]["median"], None, c["spread"]) for c in data["comparisons"]]
     return rows + [row(f"why: {w['what']}, images/s (paired)", w["spread"]["median"], None, w["spread"])
                    for w in data["why"]]
+
+
+def data_service_overhead(data: dict) -> list[dict]:
+    """benchmarks/data_service_overhead.py: both runners' images/s, their paired ratio, and
+    whether distributed_epoch repeated its order; no goals."""
+    rows = [row(f"shipped ImageNet train pipeline, 1 thread, {name.replace('_', '-')}, images/s",
+                r["images_per_sec"]["median"], None, r["images_per_sec"]) for name, r in data["runners"].items()]
+    ratio = data["service_over_in_process"]
+    rows.append(row("through one tf.data service shard / in-process, images/s (paired)", ratio["median"], None, ratio))
+    modes = data["distributed_epoch"]
+    rows.append(row(f"distributed_epoch over 2 workers, {modes['runs']} runs of {modes['elements']} elements: runs "
+                    "in the same order (1 yes, 0 no)", float(modes["orders_equal"])))
+    return rows

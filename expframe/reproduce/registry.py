@@ -373,6 +373,11 @@ BENCHMARKS = (
               "benchmarks/imagenet_input.py", ("--repeats", _REPEATS), ("--quick",), benchmark_rows.imagenet_input,
               minutes=10, repeated=True,
               readme="docs/planning.md#the-input-bound-a-hosts-cpu-cores-against-its-devices"),
+    Benchmark("data_service_overhead", "The tf.data service's cost to the shipped ImageNet train pipeline on this "
+              "machine (images/s through one shard / in-process), and distributed_epoch's order over runs",
+              "benchmarks/data_service_overhead.py", ("--repeats", _REPEATS), ("--quick",),
+              benchmark_rows.data_service_overhead, minutes=4, repeated=True,
+              readme="docs/running.md#input-on-the-tfdata-service"),
 )
 
 
