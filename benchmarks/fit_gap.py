@@ -128,7 +128,7 @@ def _mean_aggregated(self, next_creator, **kwargs):
 
 class XfMeanStatistics(PatchedExpframe):
     changes = ((statistics.Statistics, "creator", _mean_aggregated),
-               (statistics.Statistics, "step", lambda self, step_fn, replicas: step_fn))
+               (statistics.Statistics, "step", lambda self, step_fn: step_fn))
 
 
 def _minimize_dividing_after(self, loss, variables, tape=None):
@@ -149,7 +149,7 @@ class XfBefore61(PatchedExpframe):
 
 
 class XfLocalStatistics(PatchedExpframe):
-    changes = ((statistics.Statistics, "step", lambda self, step_fn, replicas: step_fn),)
+    changes = ((statistics.Statistics, "step", lambda self, step_fn: step_fn),)
 
 
 class XfUnpacked(PatchedExpframe):

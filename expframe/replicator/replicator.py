@@ -241,7 +241,7 @@ class Replicator:
             return self.coordinator.schedule(step_fn, args=args, kwargs=kwargs)
         if self.mesh_target is not None:
             return self.mesh_target.run(step_fn, *args, **kwargs)
-        return self.strategy.run(self._statistics.step(step_fn, self.num_replicas), args=args, kwargs=kwargs)
+        return self.strategy.run(self._statistics.step(step_fn), args=args, kwargs=kwargs)
 
     def reduce(self, values: Any, op: str = "mean") -> Any:
         """Reduces per-replica values (a nested structure) to one value each, in cross-replica context.

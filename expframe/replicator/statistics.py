@@ -70,13 +70,11 @@ class Statistics:
         self._refs = [r for r, v in zip(self._refs, alive, strict=True) if v is not None]
         return [v for v in alive if v is not None]
 
-    def step(self, step_fn: Callable[..., Any], replicas: int) -> Callable[..., Any]:
+    def step(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """`step_fn` (a replica function) followed by one packed all-reduce that makes
-        the statistics one copy again; `step_fn` itself when there are none, or one
-        replica (one copy already: the reads, differences and writes would be ~4 ops per
-        variable for nothing)."""
-        # Listed once, outside the replicas: every replica packs the same list.
-        variables = self.live() if replicas > 1 else []
+        the statistics one copy again; `step_fn` itself when there are none (one replica
+        records none: `Replicator.scope()` installs `creator` only for several)."""
+        variables = self.live()  # once, outside the replicas: every replica packs the same list
         if not variables:
             return step_fn
 

@@ -190,21 +190,6 @@ class StatisticsTest(support.TestCase):
         copies = rep.local_results(bare.moving_mean.value)
         self.assertGreater(np.abs(np.asarray(copies[-1]) - np.asarray(copies[0])).max(), 0.1)
 
-    def test_one_replica_adds_nothing_to_its_step(self):
-        # One replica holds one copy already: the step runs as given (issue 61: at 1 replica
-        # the reads, differences and writes around it cost ResNet-50's step about 1 %).
-        rep = support.replicator("cpu", 1)
-        with rep.scope():
-            layer = keras.layers.BatchNormalization()
-            layer.build((None, 3))
-        self.assertLen(rep._statistics.live(), 2)  # noqa: SLF001  (recorded: the skip is the replica count's)
-
-        def step(v):
-            return layer(v, training=True)
-
-        self.assertIs(rep._statistics.step(step, rep.num_replicas), step)  # noqa: SLF001
-        self.assertIsNot(rep._statistics.step(step, 2), step)  # noqa: SLF001
-
     def test_sync_batch_norm_statistics_are_not_averaged_again(self):
         rep = support.replicator("cpu", 2)
         with rep.scope():
