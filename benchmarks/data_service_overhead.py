@@ -47,7 +47,7 @@ from expframe.data import imagenet  # noqa: E402
 from expframe.replicator import data_service  # noqa: E402
 from expframe.replicator.inputs import InputContext  # noqa: E402
 from expframe.reproduce import spread  # noqa: E402
-from machine import cpu_name, load_average, machine, write_result  # noqa: E402
+from machine import cpu_name, load_average, machine  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "data_service_overhead.json")
 _service = tf.data.experimental.service
@@ -144,9 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               "distributed_epoch": modes, "machine": machine(), "tensorflow": tf.__version__,
               "load_average": {"start": load_start, "end": load_average() or [0.0]},
               "wall_s": round(time.perf_counter() - started, 1)}
-    write_result(args.out, result, say=False)
-    print(f"1-minute load average {load_start[0]:.2f} at start, {result['load_average']['end'][0]:.2f} at end; "
-          f"wrote {args.out} ({result['wall_s']:.0f} s)")
+    bench.write_and_report(args.out, result)
 
 
 if __name__ == "__main__":

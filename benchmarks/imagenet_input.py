@@ -465,6 +465,13 @@ def headline(summary: dict, data: dict, config: dict, repeats: int, quick: bool,
     }
 
 
+def write_and_report(out: str, result: dict) -> None:
+    """Writes `result` (with its load_average and wall_s) to `out` and says so in one line."""
+    write_result(out, result, say=False)
+    print(f"1-minute load average {result['load_average']['start'][0]:.2f} at start, "
+          f"{result['load_average']['end'][0]:.2f} at end; wrote {out} ({result['wall_s']:.0f} s)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="32 JPEGs, batch 8, 1 repeat of 32 images: that it runs")
@@ -527,9 +534,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               "spread": {**{f"{name}_per_core": r["per_core"] for name, r in summary.items()},
                          **{c["name"]: c["spread"] for c in compared + reasons}},
               "wall_s": round(time.perf_counter() - started, 1)}
-    write_result(args.out, result, say=False)
-    print(f"1-minute load average {load_start[0]:.2f} at start, {result['load_average']['end'][0]:.2f} at end; "
-          f"wrote {args.out} ({result['wall_s']:.0f} s)")
+    write_and_report(args.out, result)
 
 
 if __name__ == "__main__":
