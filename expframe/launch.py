@@ -368,7 +368,6 @@ class _DataService:
                      [sys.executable, "-m", "expframe.launch", "--serve_data_shard", f"--shard_host={host}",
                       f"--address_file={path}"], dict(base_env), is_server=True)
             for k, path in enumerate(self.files)]
-        self.reported = False
 
     def wait_ready(self, received: List[int]) -> Optional[str]:
         """The shards' addresses, host:port,... once all of them serve; None if one ended,
@@ -481,12 +480,13 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
             while outcome is None:
                 if sidecar:
                     sidecar.check()
-                if service and service.failure() and not received:
+                failed_shard = service.failure() if service and not received else None
+                if failed_shard:
                     attempt.stop(signal.SIGTERM, grace_s)
                     attempt.print_held()
                     if sidecar:
                         sidecar.stop(signal.SIGTERM, grace_s)
-                    _say(f"{service.failure()} while the cluster ran; stopped the others (a shard's worker is its "
+                    _say(f"{failed_shard} while the cluster ran; stopped the others (a shard's worker is its "
                          "only one: the run cannot go on without it; the same command resumes)")
                     return 1
                 if received:

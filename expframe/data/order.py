@@ -45,11 +45,12 @@ def resolve_seed(seed: Optional[int]) -> int:
 
 
 def _step_shard(ctx):
-    """(k, K, L) if the pipeline is shard k of K of a tf.data service, else None."""
+    """(k, K, L) as ints if the pipeline is shard k of K of a tf.data service, else None."""
     shard = getattr(ctx, "step_shard", None) if ctx is not None else None
-    if shard is not None:
-        ctx.step_shard_read = True  # the input_fn honoured it (checked by DistributedInput)
-    return shard
+    if shard is None:
+        return None
+    ctx.step_shard_read = True  # the input_fn honoured it (checked by DistributedInput)
+    return tuple(int(v) for v in shard)
 
 
 def positions(ctx: Optional[tf.distribute.InputContext], start: int) -> tf.data.Dataset:
@@ -59,7 +60,7 @@ def positions(ctx: Optional[tf.distribute.InputContext], start: int) -> tf.data.
     shard = _step_shard(ctx)
     if shard is None:
         return tf.data.Dataset.counter(start + w, num, dtype=tf.int64)
-    k, shards, per_step = (int(v) for v in shard)
+    k, shards, per_step = shard
     # The j-th position of shard k: step j // L of the shard is the pipeline's step
     # (j // L) * K + k, and within it example j % L.
     return tf.data.Dataset.counter(0, dtype=tf.int64).map(
@@ -74,7 +75,7 @@ def in_step_shard(ctx: Optional[tf.distribute.InputContext], start: int, stream:
     if shard is None:
         return stream
     w, num = ctx.input_pipeline_id, ctx.num_input_pipelines
-    k, shards, per_step = (int(v) for v in shard)
+    k, shards, per_step = shard
     return stream.filter(lambda position, *_: ((position - start - w) // num // per_step) % shards == k)
 
 

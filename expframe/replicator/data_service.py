@@ -20,7 +20,7 @@ skipping nor repeating (the service's iterators cannot be checkpointed, and need
 be). Why not the service's own modes:
 
 - `distributed_epoch` (dynamic sharding) hands splits to whichever worker asks: the
-  order of the steps changes from run to run (measured: tests/test_data_service.py),
+  order of the steps changes from run to run (measured: benchmarks/data_service_overhead.py),
   so no run repeats and a resume cannot know which examples were consumed; and it
   visits at most once (a restarted worker loses its split).
 - one dispatcher with K workers and static sharding: each worker's shard is ordered,
@@ -31,7 +31,7 @@ shards; a slow shard paces the run), and an input_fn must be index-based and hon
 `ctx.step_shard` (expframe's datasets do); any other is refused in one line.
 
 Servers: `serve_shard` runs one shard (a dispatcher and its worker) until signalled,
-as `python -m expframe.launch --serve_data_shard=PORT` does; `'local:K'` starts K in
+as `python -m expframe.launch --serve_data_shard` does; `'local:K'` starts K in
 this process (they share its CPUs: for tests and trials, not for speed).
 """
 
