@@ -26,7 +26,8 @@ Notes from the measurements: below, and docs/hardware.md ("Logical CPU replicas:
 
 Thread settings:
   expframe    what expframe's cpu target sets when it splits the CPU (into 8 devices, also
-              for 1 replica): inter-op threads = max(cores, 2 x devices) = 16, the
+              for 1 replica): inter-op threads = max(cores, 2 x replicas) (16 at 8
+              replicas; max(cores, 2 x devices) = 16 for every run before issue 61), the
               intra-op pool at TensorFlow's default (the cores).
   intra1      expframe's inter-op threads, intra-op pool 1 where the replicas are at least
               as many as the cores: every op runs on the inter-op thread that picked it
@@ -92,7 +93,7 @@ def _set_threads(tf, threads: str, replicas: int) -> None:
     elif threads == "tf_default":
         tf.config.threading.set_inter_op_parallelism_threads(cores)
         tf.config.threading.set_intra_op_parallelism_threads(cores)
-    elif threads == "expframe_threads":  # what expframe's cpu target sets for 8 devices
+    elif threads == "expframe_threads":  # what expframe's cpu target sets for 8 replicas
         tf.config.threading.set_inter_op_parallelism_threads(max(cores, 2 * DEVICES))
 
 

@@ -40,8 +40,9 @@ thing from one runner towards another:
 
 Threading is process-wide (one inter-op and one intra-op pool for every logical
 device), so every variant in one run already shares it; `--inter_op N` sets the
-inter-op pool for the whole run (expframe sets max(cores, 2 x devices) when it
-splits the CPU: 4 here).
+inter-op pool for the whole run (expframe sets max(cores, 2 x replicas) when it
+splits the CPU; this benchmark splits it for 2: 4 here). How the process is set up
+(threads, allocator) is measured apart, a process per runner: benchmarks/own_process.py.
 
 Results: a table on stdout (images/s, and each variant's paired speed over
 keras_fit's and over expframe's with a 95 % bootstrap interval of the median)
@@ -218,7 +219,7 @@ VARIANTS = {"expframe": rt.ExpframeRunner, "handwritten": rt.HandwrittenRunner, 
             "xf_fit_shape": XfFitShape,
             "xf_mean_stats": XfMeanStatistics, "xf_mean_grads": XfMeanGradients, "xf_before_61": XfBefore61,
             "xf_local_stats": XfLocalStatistics, "xf_unpacked": XfUnpacked, "xf_second_of_two": XfSecondOfTwo,
-            "hw_second_of_two": HwSecondOfTwo}
+            "hw_second_of_two": HwSecondOfTwo, "keras_fit_b": rt.KerasFitRunner, "expframe_b": rt.ExpframeRunner}
 
 
 def _announced(name, cls):

@@ -27,7 +27,7 @@ from expframe import best_checkpoint, dir_lock, epochs, evaluator, gin_errors, i
 from expframe.checkpointer import checkpoints_in, read_checkpoint
 from expframe.continuous_eval import ContinuousEvaluator
 from expframe.errors import ConfigError, RunError
-from expframe.replicator import Replicator, auto_settings, cluster
+from expframe.replicator import Replicator, auto_settings, cluster, reserve_inter_op_threads
 from expframe.run_files import RunFiles
 from expframe.tasks.base import Task
 from expframe.trainer import Trainer
@@ -190,6 +190,8 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     keras.utils.set_random_seed(seed)
     if deterministic:
         tf.config.experimental.enable_op_determinism()
+    if isinstance(task, Task):
+        reserve_inter_op_threads(task.host_threads)
     replicator = _gin_call(lambda: _local_replicator(mode))
     if mode not in READERS and replicator.is_chief and not _lock_wait_s():
         # At once, not after the build; the lock itself is taken before the first write. Only

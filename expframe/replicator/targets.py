@@ -32,6 +32,37 @@ _DEFAULT_CPU_DEVICES = 8
 MAX_CPU_DEVICES = 64
 
 
+# Inter-op threads that host-side services of this process hold blocked while a step
+# runs (see reserve_inter_op_threads).
+_reserved_threads = [0]
+
+
+def inter_op_threads(num_replicas: int, cores: int, reserved: int = 0) -> int:
+    """The inter-op pool the cpu target sets when it splits the CPU: max(cores,
+    2 x replicas + reserved), sized by the replicas that run, not by the logical devices
+    split for later Replicators (8 by default).
+
+    The pool was once max(cores, 2 x devices): 16 threads for every run on a 2-core CPU,
+    one replica included, after ResNet-50 on 2 replicas stalled with the default pool
+    (since then the small collectives became each replica's own ops: ResNet-50 with
+    SyncBatchNorm on 2 replicas and the quickstart on 8 now train with a pool of 1). More threads than cores
+    cost speed, and that pool was the larger part of what a run through main.py paid
+    against Keras fit in its own process (TensorFlow's default: the cores). Measured
+    with benchmarks/fit_gap.py --inter_op N, ResNet-50 128 px, 2-core Xeon: 1 replica
+    9.6 images/s with 16 threads, 10.2 with 4, 10.6 with 2; 2 replicas 6.7-7.0 with
+    16, 7.4-7.6 with 4, 7.7 with 2 (docs/hardware.md). Twice the replicas is kept as
+    headroom for replicas that wait on each other."""
+    return max(cores, 2 * num_replicas + reserved)
+
+
+def reserve_inter_op_threads(count: int) -> None:
+    """Adds `count` inter-op threads to the pool the cpu target sets when it first splits
+    the CPU (call before the first Replicator): for host-side services whose calls hold a
+    TensorFlow thread while they wait, as the D4PG learner's actor service does
+    (`Task.host_threads`). No effect once TensorFlow has started."""
+    _reserved_threads[0] = max(_reserved_threads[0], int(count))
+
+
 def _explicit_cpu_devices() -> Optional[int]:
     """EXPFRAME_CPU_DEVICES as an integer, None when unset."""
     raw = os.environ.get(_CPU_DEVICES_ENV)
@@ -79,13 +110,9 @@ def cpu_devices(num_replicas: int) -> list:
         try:
             tf.config.set_logical_device_configuration(
                 physical, [tf.config.LogicalDeviceConfiguration() for _ in range(wanted)])
-            # The logical devices share one inter-op pool, sized by default to the core
-            # count. Replicas whose ops wait on each other (cross-device copies of the
-            # reduction) starve it: ResNet-50 on 2 replicas of a 2-core CPU made no
-            # progress for over 5 minutes with the default pool, and ran its first step
-            # in 75 s with 16 threads.
             if tf.config.threading.get_inter_op_parallelism_threads() == 0:
-                tf.config.threading.set_inter_op_parallelism_threads(max(os.cpu_count() or 1, 2 * wanted))
+                tf.config.threading.set_inter_op_parallelism_threads(
+                    inter_op_threads(num_replicas, os.cpu_count() or 1, _reserved_threads[0]))
         except RuntimeError:
             pass  # Runtime already initialised: we get whatever devices exist.
     logical = tf.config.list_logical_devices("CPU")

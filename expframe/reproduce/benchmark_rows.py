@@ -79,6 +79,25 @@ def fit_gap(data: dict) -> list[dict]:
     return rows
 
 
+_OWN_PROCESS = {"keras_fit": "Keras fit in its own process (TensorFlow's threads and allocator)",
+                "expframe_16": "expframe with its inter-op pool before issue 61 (16 threads)",
+                "keras_fit_xf": "Keras fit in a process set up as expframe's"}
+
+
+def own_process(data: dict) -> list[dict]:
+    """benchmarks/own_process.py: expframe's speed over each runner's, a process per runner."""
+    rows = []
+    for setting in data["settings"]:
+        where = f"{setting['size']} px, {setting['replicas']} replica(s), {setting['precision']}"
+        for name, v in setting["runners"].items():
+            found = v.get("expframe_over")
+            if found:
+                goal = spread.parity() if name == "keras_fit" else None
+                rows.append(row(f"expframe / {_OWN_PROCESS.get(name, name)}, images/s, {where} (paired)",
+                                found["median"], goal, found))
+    return rows
+
+
 def scaling(data: dict) -> list[dict]:
     goal = spread.at_least(data["goal"])
     return [row("weak-scaling efficiency, 2 worker processes (multi_worker) / 2 x 1 (paired by repeat)",

@@ -61,7 +61,7 @@ import tensorflow as tf
 from expframe.rl.lockstep import Chunk, Lockstep
 
 FIELDS = ("observation", "action", "reward", "discount", "next_observation")
-MAX_HELD_INSERTS = 8   # inserts held at once waiting for room; the CPU target has 16 inter-op threads
+MAX_HELD_INSERTS = 8   # inserts held at once waiting for room; D4PGTask.host_threads reserves their threads
 DUPLICATE = -2         # what both methods answer a second live sender of an actor id
 STALE = -3             # what insert answers a chunk acted with weights older than `max_lag` learner steps
 WAIT = -4              # what weights answers (lockstep) while the actor's next round has no version yet

@@ -81,6 +81,10 @@ class Task:
     checkpoint_input: bool = True
     #: None, or why XLA cannot compile train_step (Replicator.jit_compile leaves it uncompiled).
     xla_incompatible: Optional[str] = None
+    #: TensorFlow inter-op threads this task's host-side services may hold blocked while
+    #: a step runs; run_experiment reserves them in the cpu target's pool before the
+    #: Replicator splits the CPU (expframe.replicator.reserve_inter_op_threads).
+    host_threads: int = 0
 
     def setup(self, replicator, global_batch_size: int, seed: int, deterministic: bool) -> None:
         """Called by the trainer before build(): where and how the task runs."""

@@ -68,6 +68,7 @@ from expframe.rl.environments import control_suite
 from expframe.rl.exploration import ExplorationSchedule
 from expframe.rl.learner_input import PreparedBatches
 from expframe.rl.npz_state import npz_arrays, npz_bytes
+from expframe.rl.rpc import MAX_HELD_INSERTS
 from expframe.tasks.base import StopRequested, Task, model_losses
 from expframe.tasks.d4pg_observations import ObservationNetworks
 
@@ -238,6 +239,9 @@ class D4PGTask(ObservationNetworks, Task):
         _check("actors_per_process", positive_int(actors_per_process), actors_per_process,
                "must be a positive integer")
         self.num_actors, self.weights_every = num_actors, weights_every
+        # The actor service holds up to MAX_HELD_INSERTS inserts, and in lockstep one weights
+        # request per actor, each on a TensorFlow inter-op thread, while the learner steps.
+        self.host_threads = MAX_HELD_INSERTS + num_actors if num_actors else 0
         self.actors_per_process = actors_per_process
         self.actor_sigmas = tuple(actor_sigmas) if actor_sigmas is not None else (sigma,) * num_actors
         self.max_actor_restarts, self.actor_service_address = max_actor_restarts, actor_service_address
