@@ -1,7 +1,7 @@
 """ResNet-50 through expframe and through Keras fit, each in a process of its own, as users run them.
 
-    python benchmarks/own_process.py --size 128 --replicas 1      # 4 processes, 30 interleaved repeats
-    python benchmarks/own_process.py --size 224 --replicas 2 --runners expframe keras_fit
+    python benchmarks/own_process.py --sizes 128 --replicas 1     # 6 processes, 30 interleaved repeats
+    python benchmarks/own_process.py --sizes 224 128 --replicas 1 2 --runners expframe keras_fit keras_fit_xf
 
 resnet50_throughput.py and fit_gap.py time every runner in one process, so they share
 its threads and allocator: they compare the code, never what a process is set up with.
@@ -10,23 +10,30 @@ runner is a long-lived process of its own (`--worker`), built and traced once, t
 told by this one over a pipe to run one host call at a time, in rotating order, while
 the others wait idle on their pipes: interleaved and paired as the in-process
 benchmarks are. The runners (same ResNet-50, synthetic batch, SGD as resnet50_throughput.py;
-batch 4, one step per call):
+batch 4, one step per call; the default three: expframe, expframe_before, keras_fit):
 
-  expframe       the Trainer's host call in a process set up as main.py sets it up: the
-                 `cpu` Replicator splits the CPU (8 logical devices) and sizes the inter-op
-                 pool by its replicas (expframe/replicator/targets.py: inter_op_threads), with
-                 the BFC allocator `import expframe` selects.
-  expframe_16    the same with the inter-op pool expframe set before issue 61:
-                 max(cores, 2 x 8 devices), 16 threads on 2 cores whatever the replicas.
-  keras_fit      `model.fit` in a process as a Keras user writes it: TensorFlow's default
-                 threads (inter-op = intra-op = the cores) and allocator, no strategy on one
-                 replica, `tf.distribute.MirroredStrategy` over logical CPU devices on two.
-  keras_fit_xf   fit with expframe's process set-up (its threads and allocator, the
-                 Replicator's strategy): threading swapped, as issue 61 asks.
+  expframe         the Trainer's host call in a process set up as main.py sets it up:
+                   run_experiment splits the CPU into the replicas it binds
+                   (`split_only_for`), the `cpu` Replicator sizes the inter-op pool by
+                   them (expframe/replicator/targets.py: inter_op_threads), with the BFC
+                   allocator `import expframe` selects.
+  expframe_before  the same as expframe set it up before issue 61: 8 logical devices
+                   whatever the replicas, and max(cores, 2 x 8) = 16 inter-op threads.
+  keras_fit        `model.fit` in a process as a Keras user writes it: TensorFlow's default
+                   threads (inter-op = intra-op = the cores) and allocator, no strategy on
+                   one replica, `tf.distribute.MirroredStrategy` over 2 logical CPU devices
+                   on two.
+  keras_fit_xf     fit in a process set up as expframe's (its threads, devices, allocator
+                   and the Replicator's strategy): the set-up swapped, as issue 61 asks.
+  expframe_malloc  expframe with TensorFlow's default allocator instead of BFC.
+
+Every runner has two processes, built in mirrored order (A B C C B A): in one sitting
+two processes set up alike differed by 5 % (0.948, 0.929-0.961), the one built first
+the slower, and the mirrored order gives every runner the same mean position.
 
 Results: a table (images/s; expframe's paired speed over each runner's with a 95 %
 bootstrap interval of the median, expframe/reproduce/spread.py), and JSON in
-benchmarks/results/own_process_<size>px_<n>rep_<precision>.json.
+benchmarks/results/own_process_<precision>.json.
 """
 
 import argparse
@@ -39,7 +46,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-RUNNERS = ("expframe", "expframe_16", "keras_fit", "keras_fit_xf", "expframe_malloc")
+RUNNERS = ("expframe", "expframe_before", "keras_fit", "keras_fit_xf", "expframe_malloc")
 CHOICES = RUNNERS
 
 
@@ -49,13 +56,15 @@ def _worker(name: str, size: int, replicas: int, precision: str, depth: int) -> 
     if name in ("keras_fit", "expframe_malloc"):
         os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "false"   # before `import expframe` sets it
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    if name == "expframe_16":
+    if name == "expframe_before":
         tf.config.threading.set_inter_op_parallelism_threads(max(os.cpu_count() or 1, 16))
-    if name == "keras_fit":  # as a user splits the CPU for MirroredStrategy; threads left alone
+    if name == "keras_fit":  # as a user splits the CPU for MirroredStrategy (one device: as it is); threads left alone
         physical = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(physical, [tf.config.LogicalDeviceConfiguration()] * 2)
+        tf.config.set_logical_device_configuration(physical, [tf.config.LogicalDeviceConfiguration()] * replicas)
     else:  # what main.py does: the first Replicator splits the CPU and sizes the pool
         import expframe  # pylint: disable=import-outside-toplevel
+        if name != "expframe_before":  # run_experiment splits only the replicas it binds
+            expframe.replicator.split_only_for(replicas)
         expframe.Replicator("cpu", replicas)
     import keras  # pylint: disable=import-outside-toplevel
 

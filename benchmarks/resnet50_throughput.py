@@ -77,7 +77,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import expframe  # noqa: E402  (sets the CPU allocator before TensorFlow starts)
 
-expframe.split_cpu(2)  # before any TensorFlow op: 2 logical CPU devices
+try:
+    expframe.split_cpu(2)  # before any TensorFlow op: 2 logical CPU devices
+except expframe.ConfigError:
+    pass  # split already, into fewer: own_process.py's one-replica workers split as main.py does
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -27,7 +27,7 @@ from expframe import best_checkpoint, dir_lock, epochs, evaluator, gin_errors, i
 from expframe.checkpointer import checkpoints_in, read_checkpoint
 from expframe.continuous_eval import ContinuousEvaluator
 from expframe.errors import ConfigError, RunError
-from expframe.replicator import Replicator, auto_settings, cluster, reserve_inter_op_threads
+from expframe.replicator import Replicator, auto_settings, cluster, reserve_inter_op_threads, split_only_for
 from expframe.run_files import RunFiles
 from expframe.tasks.base import Task
 from expframe.trainer import Trainer
@@ -98,6 +98,18 @@ def _check_config_unchanged(model_dir: str, config_text: str, parsed_config: str
     raise ConfigError(
         f"{os.path.join(model_dir, name)} differs from this run's config ({change}); resume with the "
         "same configuration, pass --allow_config_change, or use a new --model_dir.")
+
+
+def _size_the_cpu(task: Any) -> None:
+    """Before the Replicator: a `cpu` target splits the CPU into only the replicas it binds
+    (this process builds no larger one), and its inter-op pool gets the threads the task's
+    host-side services hold (Task.host_threads). Both take effect when TensorFlow starts."""
+    if isinstance(task, Task):
+        reserve_inter_op_threads(task.host_threads)
+    bindings = gin.get_bindings(Replicator)
+    replicas = bindings.get("num_replicas")
+    if bindings.get("target", "cpu") == "cpu":
+        split_only_for(replicas if isinstance(replicas, int) and replicas > 0 else 1)
 
 
 def _local_replicator(mode: str) -> Replicator:
@@ -190,8 +202,7 @@ def run_experiment(model_dir: str, mode: str = "train_and_eval", config_text: st
     keras.utils.set_random_seed(seed)
     if deterministic:
         tf.config.experimental.enable_op_determinism()
-    if isinstance(task, Task):
-        reserve_inter_op_threads(task.host_threads)
+    _size_the_cpu(task)
     replicator = _gin_call(lambda: _local_replicator(mode))
     if mode not in READERS and replicator.is_chief and not _lock_wait_s():
         # At once, not after the build; the lock itself is taken before the first write. Only

@@ -9,6 +9,9 @@ import os
 import subprocess
 import sys
 
+import gin
+
+from expframe import experiment
 from expframe.replicator.targets import inter_op_threads
 from expframe.rl.rpc import MAX_HELD_INSERTS
 from tests.tasks.test_d4pg import _task
@@ -20,8 +23,10 @@ _PROBE = """
 import json, os, sys
 import tensorflow as tf
 import expframe
-from expframe.replicator import reserve_inter_op_threads
+from expframe.replicator import reserve_inter_op_threads, split_only_for
 reserve_inter_op_threads(int(sys.argv[2]))
+if int(sys.argv[3]):
+    split_only_for(int(sys.argv[3]))
 replicator = expframe.Replicator("cpu", int(sys.argv[1]))
 print(json.dumps({"pool": tf.config.threading.get_inter_op_parallelism_threads(),
                   "devices": len(tf.config.list_logical_devices("CPU")),
@@ -38,17 +43,30 @@ def test_the_rule():
 def test_a_fresh_process_gets_the_pool_of_its_replicas_and_reservation():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("EXPFRAME_CPU_DEVICES", None)
-    cases = {(1, 0): None, (2, 10): None}
-    procs = {case: subprocess.Popen([sys.executable, "-c", _PROBE, str(case[0]), str(case[1])], cwd=ROOT, env=env,
+    # (replicas, reserved threads, split_only_for) -> logical devices: 8 unless the process
+    # says it builds no larger Replicator (run_experiment), so that larger ones can follow.
+    cases = {(1, 0, 0): 8, (2, 10, 0): 8, (1, 0, 1): 1}
+    procs = {case: subprocess.Popen([sys.executable, "-c", _PROBE] + [str(c) for c in case], cwd=ROOT, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for case in cases}
-    for (replicas, reserved), proc in procs.items():
+    for (replicas, reserved, _), proc in procs.items():
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, stderr[-2000:]
         found = json.loads(stdout.strip().splitlines()[-1])
-        # Still 8 logical devices, so that larger Replicators can follow in the process.
-        assert found["devices"] == 8 and found["replicas"] == replicas, found
+        assert found["devices"] == cases[(replicas, reserved, _)] and found["replicas"] == replicas, found
         assert found["pool"] == max(found["cores"], 2 * replicas + reserved), found
+
+
+def test_run_experiment_splits_only_the_bound_replicas_of_a_cpu_target(monkeypatch):
+    devices, reserved = [], []
+    monkeypatch.setattr(experiment, "split_only_for", devices.append)
+    monkeypatch.setattr(experiment, "reserve_inter_op_threads", reserved.append)
+    for bindings in ("Replicator.num_replicas = 3", "Replicator.target = 'cpu'", "Replicator.target = 'gpu'"):
+        gin.clear_config()
+        gin.parse_config(bindings)
+        experiment._size_the_cpu(_task(num_actors=2))  # pylint: disable=protected-access
+    gin.clear_config()
+    assert devices == [3, 1] and reserved == [MAX_HELD_INSERTS + 2] * 3
 
 
 def test_d4pg_reserves_threads_for_its_actor_service_only_with_actors():
