@@ -358,13 +358,12 @@ BENCHMARKS = (
               ("--size", "32", "--depth", "8", "--repeats", "1", "--variants", "expframe", "keras_fit",
                "xf_before_61"), benchmark_rows.fit_gap, minutes=12, repeated=True,
               readme="docs/resnet50.md#where-keras-fits-lead-came-from"),
-    # 4 settings of 4 ResNet-50 processes: ~3.5 min each at 128 px, ~5.5 at 224 (estimated from
-    # the 128 px runs of issue 61); rounded up.
+    # 4 settings of 6 ResNet-50 processes: measured 22.9 min (issue 61, 2-core Xeon).
     Benchmark("own_process", "ResNet-50 through expframe and through Keras fit, each in a process of its own: "
               "what the process set-up (threads, allocator) costs", "benchmarks/own_process.py",
               ("--sizes", "224", "128", "--replicas", "1", "2", "--repeats", _REPEATS),
               ("--sizes", "32", "--replicas", "2", "--depth", "8", "--repeats", "1"), benchmark_rows.own_process,
-              minutes=20, repeated=True, readme="docs/hardware.md#logical-cpu-replicas-threads"),
+              minutes=23, repeated=True, readme="docs/hardware.md#logical-cpu-replicas-threads"),
     Benchmark("sync_batch_norm", "SyncBatchNorm designs on 2-32 CPU replicas: step time against plain batch norm "
               "and the variance's exactness (ResNet-50's 53 batch norms)", "benchmarks/sync_batch_norm.py",
               ("--repeats", _REPEATS), ("--quick", "--repeats=1"), benchmark_rows.sync_batch_norm, minutes=45,
