@@ -63,8 +63,9 @@ def _worker(name: str, size: int, replicas: int, precision: str, depth: int) -> 
         tf.config.set_logical_device_configuration(physical, [tf.config.LogicalDeviceConfiguration()] * replicas)
     else:  # what main.py does: the first Replicator splits the CPU and sizes the pool
         import expframe  # pylint: disable=import-outside-toplevel
+        from expframe.replicator import split_only_for  # pylint: disable=import-outside-toplevel
         if name != "expframe_before":  # run_experiment splits only the replicas it binds
-            expframe.replicator.split_only_for(replicas)
+            split_only_for(replicas)
         expframe.Replicator("cpu", replicas)
     import keras  # pylint: disable=import-outside-toplevel
 
