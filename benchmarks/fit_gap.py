@@ -37,6 +37,9 @@ thing from one runner towards another:
                   one copy costs (expframe/replicator/statistics.py).
   xf_unpacked     expframe's gradient all-reduce without packing small gradients
                   into one buffer (one reduction per gradient).
+  keras_fit_b, expframe_b
+                  a second keras_fit and expframe, built after the others: whether the
+                  build order alone moves a runner (issue 61: it did not).
 
 Threading is process-wide (one inter-op and one intra-op pool for every logical
 device), so every variant in one run already shares it; `--inter_op N` sets the

@@ -47,7 +47,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RUNNERS = ("expframe", "expframe_before", "keras_fit", "keras_fit_xf", "expframe_malloc")
-CHOICES = RUNNERS
 
 
 def _worker(name: str, size: int, replicas: int, precision: str, depth: int) -> None:

@@ -81,7 +81,6 @@ def fit_gap(data: dict) -> list[dict]:
 
 _OWN_PROCESS = {"keras_fit": "Keras fit in its own process (TensorFlow's threads and allocator)",
                 "expframe_before": "expframe's process set-up before issue 61 (8 devices, 16 threads)",
-                "expframe_16": "expframe with its inter-op pool before issue 61 (16 threads)",
                 "keras_fit_xf": "Keras fit in a process set up as expframe's",
                 "expframe_malloc": "expframe on TensorFlow's default allocator"}
 
