@@ -355,7 +355,10 @@ class _Evaluator:
 
 class _DataService:
     """The tf.data service's shards (`--data_service_workers`), one process each, started
-    before the first cluster and kept over restarts."""
+    before the first cluster, kept over restarts and stopped after the last: a signal to
+    the launcher reaches them only once the workers are gone, since a worker finishing
+    its step may still wait for that step's batch (CI once saw both workers of a stopped
+    run killed without their checkpoint: their shards had ended first)."""
 
     READY_TIMEOUT_S = 120.0
 
@@ -435,8 +438,11 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
     signalled = set()  # pids that got the first signal: main.py takes a second one as "stop now"
 
     def forward(signum: int) -> None:
+        # Not to the data service's shards: a worker that finishes its step after the signal
+        # may still wait for that step's batch. They are stopped once the cluster is gone.
+        shards = {p.child for p in service.procs} if service else set()
         for child in list(owner.children):
-            if child.pid not in signalled:
+            if child.pid not in signalled and child not in shards:
                 signalled.add(child.pid)
                 child.signal(signum)
 
@@ -449,15 +455,15 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
     def stopped_by_signal() -> int:
         if sidecar:
             sidecar.stop(None, max(grace_s, 10.0))  # the signal was forwarded to it too
-        if service:
-            service.stop(None, grace_s)
+        if service:  # only now: the workers are gone (forward() spared the shards)
+            service.stop(signal.SIGTERM, grace_s)
         _say(f"received {signal.Signals(received[0]).name}; stopped all processes")
         return 128 + received[0]
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     slots, restarts, restart, last_failed_slot, attempt = list(range(workers)), 0, None, None, None
     sidecar: Optional[_Evaluator] = None
     service: Optional[_DataService] = None
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if data_service_workers:
             service = _DataService(owner, data_service_workers, host, base_env)

@@ -42,8 +42,21 @@ _PROGRAM = textwrap.dedent("""
             time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
+    def shards_serving():  # whether every data service shard (if any) still takes connections
+        import socket
+        for address in filter(None, os.environ.get("EXPFRAME_DATA_SERVICE", "").split(",")):
+            host, _, port = address.rpartition(":")
+            try:
+                socket.create_connection((host, int(port)), timeout=2).close()
+            except OSError:
+                return False
+        return True
+    def on_term(*_):
+        time.sleep(0.5)  # what a worker finishing its step does; a shard signalled with it has ended by now
+        print("got SIGTERM; shards serving:", shards_serving(), flush=True)
+        sys.exit(0)
     if mode == "term":
-        signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(0)))
+        signal.signal(signal.SIGTERM, on_term)
         print("ready", flush=True)
         time.sleep(60)
 """)
@@ -141,10 +154,12 @@ def test_killed_worker_stops_a_sleeping_one(tmp_path):
     assert _gone(_tasks(proc.stdout)["worker 0"]["pid"])
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_sigterm_is_forwarded(tmp_path):
+    """To the workers, and to a data service shard only once they are gone: a worker that
+    finishes its step after the signal may still wait for that step's batch."""
     prog = _write(tmp_path, _PROGRAM)
-    proc = subprocess.Popen(_FAST + ["--workers=2", "--", prog, "term"], cwd=_REPO,
+    proc = subprocess.Popen(_FAST + ["--workers=2", "--data_service_workers=1", "--", prog, "term"], cwd=_REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready, lines = 0, []
     for line in proc.stdout:  # wait until both children installed their handler.
@@ -152,12 +167,16 @@ def test_sigterm_is_forwarded(tmp_path):
         ready += line.rstrip().endswith("] ready")
         if ready == 2:
             break
+    below = processes.descendants(proc.pid)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     out = "".join(lines) + out
     assert proc.returncode == 128 + signal.SIGTERM, out + err
-    assert "[worker 0] got SIGTERM" in out and "[worker 1] got SIGTERM" in out
+    assert "[worker 0] got SIGTERM; shards serving: True" in out, out + err
+    assert "[worker 1] got SIGTERM; shards serving: True" in out, out + err
     assert "received SIGTERM" in err
+    assert any("--serve_data_shard" in c for c in below.values()), below
+    assert all(_gone(pid) for pid in below), below  # the shard too
     assert all(_gone(r["pid"]) for r in _tasks(out).values())
 
 
