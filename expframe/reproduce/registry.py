@@ -363,7 +363,7 @@ BENCHMARKS = (
               "what the process set-up (threads, allocator) costs", "benchmarks/own_process.py",
               ("--sizes", "224", "128", "--replicas", "1", "2", "--repeats", _REPEATS),
               ("--sizes", "32", "--replicas", "2", "--depth", "8", "--repeats", "1"), benchmark_rows.own_process,
-              minutes=26, repeated=True, readme="docs/hardware.md#logical-cpu-replicas-threads"),
+              minutes=30, repeated=True, readme="docs/hardware.md#logical-cpu-replicas-threads"),
     Benchmark("sync_batch_norm", "SyncBatchNorm designs on 2-32 CPU replicas: step time against plain batch norm "
               "and the variance's exactness (ResNet-50's 53 batch norms)", "benchmarks/sync_batch_norm.py",
               ("--repeats", _REPEATS), ("--quick", "--repeats=1"), benchmark_rows.sync_batch_norm, minutes=45,
