@@ -179,7 +179,7 @@ class _Process:
     False for a line to hold back)."""
 
     def __init__(self, owner: processes.Owner, role: str, index: int, slot: int, command: List[str], env: dict,
-                 is_server: bool, is_first_program: bool = False, on_line=None):
+                 is_server: bool, is_first_program: bool = False, on_line=None, forward: bool = True):
         self.name = role if role in ("chief", EVALUATOR) else f"{role} {index}"
         self.slot, self.is_server, self.is_first_program = slot, is_server, is_first_program
         prefix = f"[{self.name}] ".encode()
@@ -194,7 +194,7 @@ class _Process:
 
         # Registered with the owner before its output is read (a line printed at once is
         # never lost, and never kills the reader: processes.Child._pump).
-        self.child = owner.start(command, self.name, env=env, on_line=echo)
+        self.child = owner.start(command, self.name, env=env, on_line=echo, forward=forward)
 
     @property
     def pid(self) -> int:
@@ -369,7 +369,7 @@ class _DataService:
         self.procs = [
             _Process(owner, "data service", k, -1,
                      [sys.executable, "-m", "expframe.launch", "--serve_data_shard", f"--shard_host={host}",
-                      f"--address_file={path}"], dict(base_env), is_server=True)
+                      f"--address_file={path}"], dict(base_env), is_server=True, forward=False)
             for k, path in enumerate(self.files)]
 
     def wait_ready(self, received: List[int]) -> Optional[str]:
@@ -438,11 +438,10 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
     signalled = set()  # pids that got the first signal: main.py takes a second one as "stop now"
 
     def forward(signum: int) -> None:
-        # Not to the data service's shards: a worker that finishes its step after the signal
-        # may still wait for that step's batch. They are stopped once the cluster is gone.
-        shards = {p.child for p in service.procs} if service else set()
+        # Not to children started with forward=False, the data service's shards: a worker that
+        # finishes its step after the signal may still wait for that step's batch.
         for child in list(owner.children):
-            if child.pid not in signalled and child not in shards:
+            if child.forward and child.pid not in signalled:
                 signalled.add(child.pid)
                 child.signal(signum)
 
@@ -455,7 +454,7 @@ def launch(command: Sequence[str], workers: int, ps: int = 0, host: str = "127.0
     def stopped_by_signal() -> int:
         if sidecar:
             sidecar.stop(None, max(grace_s, 10.0))  # the signal was forwarded to it too
-        if service:  # only now: the workers are gone (forward() spared the shards)
+        if service:  # only now: the workers are gone (forward() and a second signal spare the shards)
             service.stop(signal.SIGTERM, grace_s)
         _say(f"received {signal.Signals(received[0]).name}; stopped all processes")
         return 128 + received[0]

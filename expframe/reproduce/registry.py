@@ -358,7 +358,8 @@ BENCHMARKS = (
               ("--size", "32", "--depth", "8", "--repeats", "1", "--variants", "expframe", "keras_fit",
                "xf_before_61"), benchmark_rows.fit_gap, minutes=12, repeated=True,
               readme="docs/resnet50.md#where-keras-fits-lead-came-from"),
-    # 4 settings of 6 ResNet-50 processes: measured 22.9 min (issue 61, 2-core Xeon).
+    # 4 settings of 6 ResNet-50 processes, expframe's timed on the second of two calls: measured
+    # 30.0 min (issue 61, 2-core Xeon; 22.9 when each call was timed).
     Benchmark("own_process", "ResNet-50 through expframe and through Keras fit, each in a process of its own: "
               "what the process set-up (threads, allocator) costs", "benchmarks/own_process.py",
               ("--sizes", "224", "128", "--replicas", "1", "2", "--repeats", _REPEATS),
