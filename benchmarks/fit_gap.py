@@ -6,7 +6,8 @@
 The same ResNet-50, batch, optimizer, strategy and synthetic in-memory batch as
 benchmarks/resnet50_throughput.py (one step per host call, float32 unless
 --precision), built once per variant and timed interleaved in one process
-(one call each, in rotating order, `--repeats` rounds), each variant's
+(one call each, in rotating order, `--repeats` rounds; each the second of two calls
+in a row, as fit times itself: resnet50_throughput.timed_call), each variant's
 seconds paired with keras_fit's and with expframe's. Every variant moves one
 thing from one runner towards another:
 
@@ -28,10 +29,6 @@ thing from one runner towards another:
                   then divided by their number (one more pass over every gradient),
                   instead of 1/N fed into the backward pass as Keras fit feeds it.
   xf_before_61    both of the above: expframe as it was before issue 61.
-  xf_second_of_two, hw_second_of_two
-                  expframe's and handwritten's calls timed as keras_fit's are: two calls
-                  back to back, the second timed (fit's timed execution follows its
-                  first one at once; the others' calls follow another runner's).
   xf_local_stats  expframe with batch norm's moving statistics left per replica (no
                   average at all), as plain Keras under a strategy leaves them: what
                   one copy costs (expframe/replicator/statistics.py).
@@ -196,33 +193,12 @@ class KerasStep:
         return loss, time.perf_counter() - start
 
 
-class SecondOfTwo:
-    """A runner timed as fit is: two calls back to back, the second one's seconds."""
-
-    runner_class = None
-
-    def __init__(self, cfg):
-        self.runner = self.runner_class(cfg)
-
-    def __call__(self):
-        self.runner()
-        return self.runner()
-
-
-class XfSecondOfTwo(SecondOfTwo):
-    runner_class = rt.ExpframeRunner
-
-
-class HwSecondOfTwo(SecondOfTwo):
-    runner_class = rt.HandwrittenRunner
-
-
 VARIANTS = {"expframe": rt.ExpframeRunner, "handwritten": rt.HandwrittenRunner, "keras_fit": rt.KerasFitRunner,
             "hw_fit_shape": HwFitShape, "keras_step": KerasStep, "xf_no_loop": XfNoLoop,
             "xf_fit_shape": XfFitShape,
             "xf_mean_stats": XfMeanStatistics, "xf_mean_grads": XfMeanGradients, "xf_before_61": XfBefore61,
-            "xf_local_stats": XfLocalStatistics, "xf_unpacked": XfUnpacked, "xf_second_of_two": XfSecondOfTwo,
-            "hw_second_of_two": HwSecondOfTwo, "keras_fit_b": rt.KerasFitRunner, "expframe_b": rt.ExpframeRunner}
+            "xf_local_stats": XfLocalStatistics, "xf_unpacked": XfUnpacked,
+            "keras_fit_b": rt.KerasFitRunner, "expframe_b": rt.ExpframeRunner}
 
 
 def _announced(name, cls):

@@ -18,7 +18,8 @@ benchmarks set's resnet50_throughput):
                      runs at steps_per_execution = 1;
   keras_fit          `model.fit` (benchmarks/resnet50_throughput.py).
 
-Each pair is a paired ratio of speeds over the repeats, with its spread (min, median,
+Every runner is timed as fit times itself, on the second of two calls in a row
+(resnet50_throughput.timed_call). Each pair is a paired ratio of speeds over the repeats, with its spread (min, median,
 max and a 95 % bootstrap interval of the median, expframe/reproduce/spread.py).
 docs/resnet50.md quotes the 2026-12-06 figures. JSON goes to --out.
 """
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
     times = {name: [] for name in names}
     for i in range(args.repeats):
         for name in names[i % len(names):] + names[:i % len(names)]:  # rotate who goes first
-            times[name].append(built[name]()[1])
+            times[name].append(rt.timed_call(built[name])[1])  # each the second of two calls in a row
     print(f"{rt.cpu_name()}, {os.cpu_count()} CPUs; ResNet-50 at {args.size} px on {args.replicas} replica(s), "
           f"batch 4, one step per call, {args.repeats} interleaved repeats")
     for name in names:
