@@ -19,16 +19,19 @@ thing from one runner towards another:
   keras_step      Keras' own `model.train_step` (compiled model: loss tracker,
                   Keras' gradient summing) in handwritten's host call, on fit's
                   distributed dataset of (image, label) pairs.
-  xf_no_loop      expframe's host call traced without its `tf.range` loop.
-  xf_fit_shape    expframe's host call in fit's shape: without the loop, and the replica
-                  step a nested tf.function inside `strategy.run`.
+  xf_step_loop    expframe's one-step host call with the `tf.range` step loop around
+                  its step, as before issue 61 (expframe now runs a one-step call
+                  without it: Replicator._one_step_form).
+  xf_fit_shape    expframe's host call in fit's shape: the replica step a nested
+                  tf.function inside `strategy.run`.
   xf_mean_stats   expframe as it was before issue 61: batch norm's moving statistics
                   one copy by MEAN aggregation (a cross-replica mean at every assign,
                   one per variable).
   xf_mean_grads   expframe's gradients as before issue 61: summed over the replicas,
                   then divided by their number (one more pass over every gradient),
                   instead of 1/N fed into the backward pass as Keras fit feeds it.
-  xf_before_61    both of the above: expframe as it was before issue 61.
+  xf_before_61    xf_mean_stats, xf_mean_grads and xf_step_loop at once: expframe as it
+                  was before issue 61.
   xf_local_stats  expframe with batch norm's moving statistics left per replica (no
                   average at all), as plain Keras under a strategy leaves them: what
                   one copy costs (expframe/replicator/statistics.py).
@@ -111,13 +114,14 @@ class PatchedExpframe:
         return self.runner()
 
 
-class XfNoLoop(PatchedExpframe):
-    changes = ((replicator_module, "mean_over_steps", lambda one_step, n: one_step()),)
+class XfStepLoop(PatchedExpframe):
+    """expframe before its one-step form: a `tf.range` loop around the one step."""
+    changes = ((replicator_module.Replicator, "_one_step_form", lambda self, step_fn, num_steps: False),)
 
 
 class XfFitShape(PatchedExpframe):
-    """expframe's host call in fit's shape: no loop, the replica step a nested tf.function."""
-    changes = XfNoLoop.changes + ((xla_steps.XlaSteps, "replica_step", lambda self, step_fn: tf.function(step_fn)),)
+    """expframe's host call in fit's shape: the replica step a nested tf.function."""
+    changes = ((xla_steps.XlaSteps, "replica_step", lambda self, step_fn: tf.function(step_fn)),)
 
 
 def _mean_aggregated(self, next_creator, **kwargs):
@@ -146,7 +150,7 @@ class XfMeanGradients(PatchedExpframe):
 
 
 class XfBefore61(PatchedExpframe):
-    changes = XfMeanStatistics.changes + XfMeanGradients.changes
+    changes = XfMeanStatistics.changes + XfMeanGradients.changes + XfStepLoop.changes
 
 
 class XfLocalStatistics(PatchedExpframe):
@@ -194,7 +198,7 @@ class KerasStep:
 
 
 VARIANTS = {"expframe": rt.ExpframeRunner, "handwritten": rt.HandwrittenRunner, "keras_fit": rt.KerasFitRunner,
-            "hw_fit_shape": HwFitShape, "keras_step": KerasStep, "xf_no_loop": XfNoLoop,
+            "hw_fit_shape": HwFitShape, "keras_step": KerasStep, "xf_step_loop": XfStepLoop,
             "xf_fit_shape": XfFitShape,
             "xf_mean_stats": XfMeanStatistics, "xf_mean_grads": XfMeanGradients, "xf_before_61": XfBefore61,
             "xf_local_stats": XfLocalStatistics, "xf_unpacked": XfUnpacked,

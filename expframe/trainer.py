@@ -198,7 +198,8 @@ class Trainer:
         configuration error found only while tracing (e.g. gradients of an unscaled
         loss under loss scaling) then leaves the model_dir untouched. The first host
         call reuses the trace."""
-        self._contract_errors(self.rep.trace_steps, self._train_step, self.train_iterator)
+        self._contract_errors(self.rep.trace_steps, self._train_step, self.train_iterator,
+                              self.steps_per_loop * self.accumulate_steps)
 
     def run_eval(self, out: "run_files.RunFiles", step: int) -> Dict[str, float]:
         """Evaluates now (see `Evaluator.run`)."""

@@ -305,23 +305,41 @@ class Replicator:
             return {k: sum(n * float(m[k]) for n, m in fetched) / num_steps for k in fetched[0][1]}
         if self.mesh_target is not None:
             return self.mesh_target.run_steps(step_fn, iterator, num_steps)
-        loop = self._step_loop(step_fn, iterator)
+        loop = self._step_loop(step_fn, iterator, self._one_step_form(step_fn, num_steps))
         return {k: float(v) for k, v in self._xla.call(loop, iterator, tf.constant(num_steps, tf.int32)).items()}
 
-    def _step_loop(self, step_fn: Callable[..., Any], iterator):
-        """The tf.function of `run_steps` on synchronous targets, one per step_fn: the
-        replicated host loop around the step, compiled with XLA per `jit_compile` (under
-        'auto' traced first with `iterator`, see xla_steps.py)."""
-        if not hasattr(self, "_step_loops"):
-            self._step_loops = {}
-        loop = self._step_loops.get(step_fn)
+    def _one_step_form(self, step_fn: Callable[..., Any], num_steps: int) -> bool:
+        """Whether a host call of `num_steps` runs the one-step form of the host call (no
+        step loop in the graph): for one step, unless the looped form is traced already
+        (it runs one step as well, and a second trace would cost the start-up again).
+
+        A `tf.range` loop around a single step cost 1-2 % of a ResNet-50 step on CPU (issue
+        61: the ops of a loop body run inside the executor's loop frame). Keras fit too
+        runs a one-step execution without a loop."""
+        return num_steps == 1 and step_fn not in getattr(self, "_step_loops", {})
+
+    def _step_loop(self, step_fn: Callable[..., Any], iterator, one_step: bool = False):
+        """The tf.function of `run_steps` on synchronous targets, one per step_fn and form:
+        the replicated host loop around the step (or, `one_step`, the step alone),
+        compiled with XLA per `jit_compile` (under 'auto' traced first with `iterator`,
+        see xla_steps.py). Either form takes (iterator, steps)."""
+        name = "_one_steps" if one_step else "_step_loops"
+        if not hasattr(self, name):
+            setattr(self, name, {})
+        loops = getattr(self, name)
+        loop = loops.get(step_fn)
         if loop is None:
             def build(replica_step):
+                def step(it):
+                    return self.reduce(self.run(replica_step, next(it)), "mean")
+
                 def host_call(it, n):
-                    return mean_over_steps(lambda: self.reduce(self.run(replica_step, next(it)), "mean"), n)
+                    if one_step:
+                        del n  # always 1 (run_steps)
+                        return step(it)
+                    return mean_over_steps(lambda: step(it), n)
                 return tf.function(host_call)
-            loop = self._step_loops[step_fn] = self._xla.host_loop(build, step_fn, iterator,
-                                                                   tf.TensorSpec([], tf.int32))
+            loop = loops[step_fn] = self._xla.host_loop(build, step_fn, iterator, tf.TensorSpec([], tf.int32))
         return loop
 
     def check_variables(self, trackables: Dict[str, Any], owner: str) -> None:
@@ -330,16 +348,20 @@ class Replicator:
         if self.mesh_target is not None:
             self.mesh_target.check_variables(trackables, owner)
 
-    def trace_steps(self, step_fn: Callable[..., Any], iterator) -> None:
-        """Traces what `run_steps(step_fn, iterator, n)` runs, without running it or reading
-        data; the next `run_steps` reuses the trace. Errors that tracing finds (a
+    def trace_steps(self, step_fn: Callable[..., Any], iterator, num_steps: Optional[int] = None) -> None:
+        """Traces what `run_steps(step_fn, iterator, num_steps)` runs, without running it or
+        reading data; the next `run_steps` reuses the trace. Errors that tracing finds (a
         ConfigError of the step, e.g. gradients of an unscaled loss) surface here.
+        `num_steps`: the usual host call's steps; 1 traces the one-step form (no step
+        loop in the graph), anything else (or None) the looped form, which runs any
+        number of steps, so no later call traces again.
 
         Synchronous tf.distribute targets only: on 'parameter_server' and 'mesh' the
         step is traced by its first `run_steps` (it needs a worker or a batch).
         """
         if self.coordinator is None and self.mesh_target is None:
-            self._step_loop(step_fn, iterator).get_concrete_function(iterator, tf.TensorSpec([], tf.int32))
+            self._step_loop(step_fn, iterator, num_steps == 1 and self._one_step_form(step_fn, 1)
+                            ).get_concrete_function(iterator, tf.TensorSpec([], tf.int32))
 
     def schedule_steps(self, step_fn: Callable[..., Any], per_worker_iterator, num_steps: int) -> Any:
         """parameter_server: schedules `num_steps` steps of `step_fn(next(iterator))` on a free worker.

@@ -74,6 +74,54 @@ class ReplicatorTest(support.TestCase):
         self.assertEqual(rep.run_steps(step, it, 1), {"first": 9.0})
         self.assertEqual(loop.experimental_get_tracing_count(), 1)
 
+    def test_a_one_step_host_call_has_no_step_loop_and_trains_as_the_looped_one(self):
+        """Issue 61: a host call of one step runs the step without a `tf.range` loop around
+        it (the loop cost 1-2 % of a ResNet-50 step on CPU). trace_steps(.., 1) traces that
+        form and one-step calls reuse it; a longer call traces the looped form, which a
+        one-step call then reuses. Both forms train to the same bits."""
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((24, 4)).astype("float32"), rng.standard_normal((24, 1)).astype("float32")
+
+        def train(calls, trace=None):
+            keras.utils.set_random_seed(0)
+            rep = xf.Replicator("cpu", 2)
+            with rep.scope():
+                model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                          keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+                opt = xf.wrap_optimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+                opt.build(model.trainable_variables)
+
+            def step(batch):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(model(batch[0], training=True) - batch[1]))
+                opt.minimize(loss, model.trainable_variables, tape)
+                return {"loss": loss}
+            it = iter(rep.distribute(lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).shard(
+                ctx.num_input_pipelines, ctx.input_pipeline_id).batch(2), global_batch_size=4))
+            if trace:
+                rep.trace_steps(step, it, trace)
+            losses = [rep.run_steps(step, it, n)["loss"] for n in calls]
+            return rep, step, it, losses, [np.asarray(rep.local_results(v.value)[0]) for v in model.weights]
+
+        def op_types(loop, it):
+            graph = loop.get_concrete_function(it, tf.TensorSpec([], tf.int32)).graph
+            return {op.type for op in graph.get_operations()}
+
+        rep, step, it, one_step_losses, one_step_weights = train([1] * 6, trace=1)
+        one_step = rep._one_steps[step]  # pylint: disable=protected-access
+        self.assertNotIn(step, getattr(rep, "_step_loops", {}))  # pylint: disable=protected-access
+        self.assertEqual(one_step.experimental_get_tracing_count(), 1)
+        self.assertFalse({"While", "StatelessWhile"} & op_types(one_step, it))
+        rep, step, it, looped_losses, looped_weights = train([2, 1, 2, 1], trace=2)
+        looped = rep._step_loops[step]  # pylint: disable=protected-access
+        self.assertNotIn(step, getattr(rep, "_one_steps", {}))  # pylint: disable=protected-access
+        self.assertEqual(looped.experimental_get_tracing_count(), 1)
+        self.assertTrue({"While", "StatelessWhile"} & op_types(looped, it))
+        for a, b in zip(one_step_weights, looped_weights, strict=True):
+            np.testing.assert_array_equal(a, b)
+        self.assertAlmostEqual(looped_losses[0], (one_step_losses[0] + one_step_losses[1]) / 2, places=5)
+        self.assertEqual(looped_losses[1], one_step_losses[2])
+
     def test_batch_not_divisible(self):
         rep = xf.Replicator("cpu", 4)
         with self.assertRaisesRegex(xf.ConfigError,
