@@ -23,7 +23,8 @@ thing from one runner towards another:
                   its step, as before issue 61 (expframe now runs a one-step call
                   without it: Replicator._one_step_form).
   xf_fit_shape    expframe's host call in fit's shape: the replica step a nested
-                  tf.function inside `strategy.run`.
+                  tf.function inside `strategy.run` (1 replica only: on more, the
+                  nested function cannot hold the step's cross-replica reduction).
   xf_mean_stats   expframe as it was before issue 61: batch norm's moving statistics
                   one copy by MEAN aggregation (a cross-replica mean at every assign,
                   one per variable).
@@ -204,6 +205,9 @@ VARIANTS = {"expframe": rt.ExpframeRunner, "handwritten": rt.HandwrittenRunner, 
             "xf_local_stats": XfLocalStatistics, "xf_unpacked": XfUnpacked,
             "keras_fit_b": rt.KerasFitRunner, "expframe_b": rt.ExpframeRunner}
 
+# A replica step in a nested tf.function cannot hold a cross-replica reduction (merge_call).
+ONE_REPLICA_ONLY = {"xf_fit_shape"}
+
 
 def _announced(name, cls):
     """`cls`, printing when an instance is built and when its first call (the trace) is done."""
@@ -233,9 +237,15 @@ def main():
     parser.add_argument("--global_batch_size", type=int, default=4)
     parser.add_argument("--depth", type=int, default=50, help="ResNet depth (50; a small one for a smoke run)")
     parser.add_argument("--repeats", type=int, default=spread.REPEATS)
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
+                        help="default: every variant that runs at --replicas (xf_fit_shape: 1 replica only)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.variants is None:
+        args.variants = [v for v in VARIANTS if args.replicas == 1 or v not in ONE_REPLICA_ONLY]
+    elif args.replicas > 1 and ONE_REPLICA_ONLY & set(args.variants):
+        parser.error(f"--variants {' '.join(sorted(ONE_REPLICA_ONLY & set(args.variants)))} runs on --replicas 1 "
+                     "only: its nested tf.function cannot hold the step's cross-replica reduction")
     names = tuple(args.variants)
     rt.RUNNER_CLASSES.update({k: _announced(k, VARIANTS[k]) for k in names})
     cfg = rt.Setup(args.size, args.replicas, args.precision, args.global_batch_size, 1, depth=args.depth)
