@@ -237,6 +237,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
     args.steps_per_call = args.steps_per_call or (5 if args.quick else 8)
+    if args.steps_per_call < 2:  # graph_ops counts the step loop's function bodies
+        parser.error("--steps_per_call must be at least 2: a one-step host call has no step loop to count")
     args.calls = args.calls or (5 if args.quick else 7)
     args.repeats = args.repeats or (1 if args.quick else 2)
     if args.role == "worker":

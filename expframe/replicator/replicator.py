@@ -313,9 +313,10 @@ class Replicator:
         step loop in the graph): for one step, unless the looped form is traced already
         (it runs one step as well, and a second trace would cost the start-up again).
 
-        A `tf.range` loop around a single step cost 1-2 % of a ResNet-50 step on CPU (issue
-        61: the ops of a loop body run inside the executor's loop frame). Keras fit too
-        runs a one-step execution without a loop."""
+        The `tf.range` loop costs a fixed time per call even when it runs no iteration
+        (issue 61, benchmarks/fit_gap.py's xf_step_loop: about 0.6 ms, 5 % of a ResNet-8
+        call at 32 px on 2 CPU replicas; within noise at ResNet-50). Keras fit too runs a
+        one-step execution without a loop."""
         return num_steps == 1 and step_fn not in getattr(self, "_step_loops", {})
 
     def _step_loop(self, step_fn: Callable[..., Any], iterator, one_step: bool = False):
