@@ -19,8 +19,9 @@ benchmarks set's resnet50_throughput):
   keras_fit          `model.fit` (benchmarks/resnet50_throughput.py).
 
 Every runner is timed as fit times itself, on the second of two calls in a row
-(resnet50_throughput.timed_call). Each pair is a paired ratio of speeds over the repeats, with its spread (min, median,
-max and a 95 % bootstrap interval of the median, expframe/reproduce/spread.py).
+(resnet50_throughput.timed_call). Each pair is a paired ratio of speeds over the
+repeats, with its spread (min, median, max and a 95 % bootstrap interval of the
+median, expframe/reproduce/spread.py).
 docs/resnet50.md quotes the 2026-12-06 figures. JSON goes to --out.
 """
 

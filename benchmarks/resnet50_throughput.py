@@ -43,12 +43,12 @@ on this machine, measured once if it is another listed.
 Cost: each configuration builds and traces three ResNet-50s, about a minute each on
 2 cores, then times them: a repeat at 224x224 with batch 4 and one step per call is
 about 5.4 s (two calls of 0.9 s each for expframe and hand-written, fit's two
-executions 1.8), 1.8 s at 128
-(`--quick`'s 2 configurations, 224 and 128 on 2 replicas, float32, 3 repeats, took
-6.5 minutes; the default runs 8 configurations at batch 8). The benchmarks set runs
-the page's setting (batch 4, one step per call, float32) at 224 and 128 px on 2 and 1
-replicas with 30 repeats, about 17 minutes (expframe/reproduce/registry.py). Narrow it
-with --sizes, --replicas, --precisions, --runners.
+executions 1.8), 1.8 s at 128 (`--quick`'s 2 configurations, 224 and 128 on 2
+replicas, float32, 3 repeats, took 6.5 minutes; the default runs 8 configurations at
+batch 8). The benchmarks set runs the page's setting (batch 4, one step per call) at
+224 and 128 px on 2 and 1 replicas, float32 and 'auto', with 30 repeats: about 30
+minutes (expframe/reproduce/registry.py). Narrow it with --sizes, --replicas,
+--precisions, --runners.
 
 Profile (`--profile_dir DIR`): after each configuration's timed repeats, one more host
 call of each runner (`--profile_calls N`: N more) runs under the TensorFlow profiler,
