@@ -308,7 +308,7 @@ class Replicator:
         loop = self._step_loop(step_fn, iterator, self._one_step_form(step_fn, num_steps))
         return {k: float(v) for k, v in self._xla.call(loop, iterator, tf.constant(num_steps, tf.int32)).items()}
 
-    def _one_step_form(self, step_fn: Callable[..., Any], num_steps: int) -> bool:
+    def _one_step_form(self, step_fn: Callable[..., Any], num_steps: Optional[int]) -> bool:
         """Whether a host call of `num_steps` runs the one-step form of the host call (no
         step loop in the graph): for one step, unless the looped form is traced already
         (it runs one step as well, and a second trace would cost the start-up again).
@@ -324,10 +324,7 @@ class Replicator:
         the replicated host loop around the step (or, `one_step`, the step alone),
         compiled with XLA per `jit_compile` (under 'auto' traced first with `iterator`,
         see xla_steps.py). Either form takes (iterator, steps)."""
-        name = "_one_steps" if one_step else "_step_loops"
-        if not hasattr(self, name):
-            setattr(self, name, {})
-        loops = getattr(self, name)
+        loops = self.__dict__.setdefault("_one_steps" if one_step else "_step_loops", {})
         loop = loops.get(step_fn)
         if loop is None:
             def build(replica_step):
@@ -361,8 +358,8 @@ class Replicator:
         step is traced by its first `run_steps` (it needs a worker or a batch).
         """
         if self.coordinator is None and self.mesh_target is None:
-            self._step_loop(step_fn, iterator, num_steps == 1 and self._one_step_form(step_fn, 1)
-                            ).get_concrete_function(iterator, tf.TensorSpec([], tf.int32))
+            self._step_loop(step_fn, iterator, self._one_step_form(step_fn, num_steps)).get_concrete_function(
+                iterator, tf.TensorSpec([], tf.int32))
 
     def schedule_steps(self, step_fn: Callable[..., Any], per_worker_iterator, num_steps: int) -> Any:
         """parameter_server: schedules `num_steps` steps of `step_fn(next(iterator))` on a free worker.
